@@ -1,0 +1,37 @@
+# lmi_server: `make serve` runs the server on the embedded demo model; `make test` runs the suite.
+# Both build .venv first when it is missing or out of date.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.lmi-setup-stamp
+PORT   ?= 8080
+# cpu or gpu; detected from the host unless given.
+FLAVOUR ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
+
+.PHONY: setup serve test unit e2e bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/repair_torch.py Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet -e ".[$(FLAVOUR),test,bench]"
+	$(PY) scripts/repair_torch.py
+	$(PY) -c "import vllm, lmcache, lmi_server; print('setup ok:', '$(FLAVOUR)')"
+	@touch $(STAMP)
+
+serve: setup
+	$(VENV)/bin/lmi-server serve --port $(PORT)
+
+test: setup
+	$(PY) -m pytest tests
+
+unit: setup
+	$(PY) -m pytest tests/unit
+
+e2e: setup
+	$(PY) -m pytest tests/e2e
+
+clean-venv:
+	rm -rf $(VENV)

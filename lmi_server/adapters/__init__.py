@@ -1,0 +1,1 @@
+"""LoRA adapters: one lazy registry, per-adapter formatters."""

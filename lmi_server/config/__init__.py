@@ -1,0 +1,1 @@
+"""Configuration: serving.properties + OPTION_* environment -> one validated ServingConfig."""

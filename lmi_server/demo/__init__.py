@@ -1,0 +1,1 @@
+"""The embedded demo model: built offline, cached, loaded like any model directory."""

@@ -1,0 +1,144 @@
+"""Build a small Llama-architecture model directory with no download.
+
+The tokenizer is a byte-level BPE trained on the Python standard library's own sources (present
+on every machine with Python); the weights are created deterministically from a seed. The result
+is an ordinary Hugging Face model directory, so the server loads it through exactly the same path
+as a real model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sysconfig
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEMO_VERSION = "v1"
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+@dataclass(frozen=True)
+class DemoModelSpec:
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 16384
+    seed: int = 1234
+    corpus_bytes: int = 3_000_000
+    torch_dtype: str = "float32"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("LMI_SERVER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lmi_server"
+    )
+    return Path(base) / f"demo-model-{DEMO_VERSION}"
+
+
+def stdlib_corpus_files(max_bytes: int) -> list[Path]:
+    """A stable, sorted selection of standard-library sources up to max_bytes."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files: list[Path] = []
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        size = path.stat().st_size
+        if total + size > max_bytes:
+            continue
+        files.append(path)
+        total += size
+    if not files:
+        raise RuntimeError(f"no Python sources found under {root} to train the demo tokenizer")
+    return files
+
+
+def train_tokenizer(spec: DemoModelSpec, out_dir: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    files = [str(p) for p in stdlib_corpus_files(spec.corpus_bytes)]
+    tok.train(files, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|end|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = spec.max_position_embeddings
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_demo_model(out_dir: str | Path, spec: DemoModelSpec | None = None) -> Path:
+    """Write a complete model directory (config, safetensors weights, tokenizer) to out_dir."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = spec or DemoModelSpec()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(spec, out_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype=spec.torch_dtype,
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config).to(getattr(torch, spec.torch_dtype))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    (out_dir / "lmi_demo_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+    return out_dir
+
+
+def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
+    """Return the cached demo model directory, building it once (atomically) when missing."""
+    target = Path(cache_dir) if cache_dir else default_cache_dir()
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".demo-build-", dir=target.parent))
+    try:
+        log.info("building the demo model into %s (one time, about a minute)", target)
+        build_demo_model(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,1 @@
+"""LMCache integration: config translation, auto-planning, and the supervised cache server."""
