@@ -26,3 +26,39 @@ class LMCacheOptions(BaseModel):
     lmcache_expected_context_tokens: int | None = Field(
         None, gt=0, description="Working set in tokens for the auto plan (default max_num_seqs x max_model_len)."
     )
+    lmcache_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="TCP port of the LMCache MP server's request socket (ZMQ). Default: a free local port.",
+    )
+    lmcache_metrics_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="Port of the MP server's own Prometheus /metrics (LMCache hits, bytes per tier). "
+        "Default: a free local port (LMCache's own default, 9090, often clashes with Prometheus).",
+    )
+    lmcache_cache_dir: Path | None = Field(
+        None,
+        description="Directory for the auto plan's disk tier (local NVMe, e.g. /mnt/nvme/lmcache). "
+        "Unset: the auto plan has no disk tier.",
+    )
+    lmcache_cpu_size_gb: float | None = Field(
+        None, gt=0, description="Auto plan: CPU (L1) tier size in GiB instead of the computed one."
+    )
+    lmcache_disk_size_gb: float | None = Field(
+        None, gt=0, description="Auto plan: disk tier size in GiB instead of the computed one."
+    )
+    lmcache_odirect: bool = Field(
+        True, description="Auto plan: O_DIRECT for the disk tier (falls back with a warning where refused)."
+    )
+    lmcache_telemetry: bool = Field(
+        False,
+        description="Allow LMCache's anonymous usage telemetry. Off by default: the container sets "
+        "LMCACHE_TRACK_USAGE=false and DO_NOT_TRACK=1 for the cache server and the engine.",
+    )
+    lmcache_hash_seed: str = Field(
+        "0", pattern=r"^\d{1,10}$",
+        description="PYTHONHASHSEED shared by the cache server and the engine (must be equal in every "
+        "process that shares a cache; `random` is not allowed for that reason).",
+    )
+    lmcache_max_restarts: int = Field(
+        5, ge=0, description="How many times the supervisor restarts a dead LMCache MP server."
+    )

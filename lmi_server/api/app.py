@@ -1,0 +1,66 @@
+"""FastAPI app factory. The lifespan owns the engine (and, when configured, the cache server)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from lmi_server.api import openai as openai_routes
+from lmi_server.api import sagemaker
+from lmi_server.api.errors import install_error_handlers
+from lmi_server.config.schema import ServingConfig
+from lmi_server.engine import EngineOwner
+from lmi_server.metrics import MetricsMiddleware
+from lmi_server.metrics import router as metrics_router
+
+log = logging.getLogger(__name__)
+
+
+async def _base_model_only(request: Request, parsed: Any) -> None:
+    """Default model resolver: vLLM checks the `model` field against the served names."""
+    return None
+
+
+async def _lmi_base_model(request: Request, parsed: Any) -> str | None:
+    return None
+
+
+async def _no_sessions(request: Request, body: Any) -> dict[str, str] | None:
+    return None
+
+
+def create_app(
+    cfg: ServingConfig,
+    engine_args: dict[str, Any] | None = None,
+    *,
+    runtime: Any = None,
+    start_engine: bool = True,
+) -> FastAPI:
+    owner = EngineOwner(cfg, engine_args if engine_args is not None else dict(cfg.engine_args))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if start_engine:
+            owner.start_background()
+        try:
+            yield
+        finally:
+            log.info("shutting down: stopping the engine")
+            await owner.stop()
+
+    app = FastAPI(title="lmi_server", lifespan=lifespan)
+    app.state.config = cfg
+    app.state.runtime = runtime
+    app.state.engine_owner = owner
+    app.state.model_resolver = _base_model_only
+    app.state.lmi_model_resolver = _lmi_base_model
+    app.state.session_hook = _no_sessions
+    install_error_handlers(app)
+    app.add_middleware(MetricsMiddleware)
+    app.include_router(sagemaker.router)
+    app.include_router(openai_routes.router)
+    app.include_router(metrics_router)
+    return app

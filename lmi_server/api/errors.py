@@ -1,0 +1,108 @@
+"""Typed errors and the one place that maps them to HTTP responses.
+
+Routers raise; they never build error responses themselves. OpenAI-schema errors use OpenAI's
+error envelope; LMI-schema errors use LMI's `{"error": ..., "code": ...}` body.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    413: "RequestTooLargeError",
+    422: "UnprocessableEntityError",
+    424: "FailedDependencyError",
+    429: "RateLimitError",
+    503: "ServiceUnavailableError",
+}
+
+
+class APIError(Exception):
+    """An error with an HTTP status and a message a person can act on."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, lmi: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.lmi = lmi
+
+    def body(self) -> dict[str, Any]:
+        if self.lmi:
+            return {"error": self.message, "code": self.status}
+        err: dict[str, Any] = {"message": self.message, "type": _TYPES.get(self.status, "ServerError"), "code": self.status}
+        if self.param:
+            err["param"] = self.param
+        return {"error": err}
+
+
+def validation_message(errors: list[dict[str, Any]], limit: int = 5) -> str:
+    """Pydantic errors -> 'field: problem; ...' (first few)."""
+    parts = []
+    for err in errors[:limit]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
+        parts.append(f"{loc or 'body'}: {err.get('msg')}")
+    more = len(errors) - limit
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def from_vllm_error(error_response: Any, *, lmi: bool = False) -> APIError:
+    """vLLM's ErrorResponse -> APIError (status kept; LMI-schema failures become 424)."""
+    err = getattr(error_response, "error", error_response)
+    status = int(getattr(err, "code", 400) or 400)
+    message = str(getattr(err, "message", error_response))
+    if lmi and status not in (404, 413, 429, 503):
+        status = 424
+    return APIError(status, message, param=getattr(err, "param", None), lmi=lmi)
+
+
+def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | None:
+    """vLLM's client errors (raised while validating a request) -> 422/404; others -> None."""
+    try:
+        from vllm.exceptions import VLLMClientError, VLLMNotFoundError
+    except ImportError:
+        return None
+    if isinstance(exc, VLLMNotFoundError):
+        return APIError(404, str(exc), lmi=lmi)
+    if isinstance(exc, VLLMClientError):
+        return APIError(424 if lmi else 422, str(exc), param=getattr(exc, "parameter", None), lmi=lmi)
+    return None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(APIError(422, validation_message(list(exc.errors()))).body(), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected_or_vllm(request: Request, exc: Exception) -> JSONResponse:
+        mapped = from_vllm_exception(exc)
+        if mapped is not None:
+            return JSONResponse(mapped.body(), status_code=mapped.status)
+        return await _unexpected(request, exc)
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error")
+    return JSONResponse(
+        {"error": {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "InternalServerError", "code": 500}},
+        status_code=500,
+    )

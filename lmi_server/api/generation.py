@@ -1,0 +1,67 @@
+"""Calls into vLLM's serving objects, shared by the OpenAI routes and /invocations.
+
+vLLM returns `Response | ErrorResponse | AsyncGenerator`; here that becomes a Starlette response
+or a raised APIError. A client that disconnects aborts its generation: streaming responses close
+vLLM's generator (which aborts the request); non-streaming calls race a disconnect listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from lmi_server.api.errors import APIError, from_vllm_error
+
+
+def engine_state(request: Request):
+    state = request.app.state.engine_owner.state
+    if not state.healthy:
+        reason = state.error or "the model is still loading"
+        raise APIError(503, f"engine not ready: {reason}; retry when GET /ping returns 200")
+    return state
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(coro: Awaitable[Any], request: Request) -> Any:
+    """Run coro; if the client goes away first, cancel it (vLLM aborts the request on cancel)."""
+    work = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        raise APIError(400, "client disconnected before the response was ready")
+    finally:
+        watcher.cancel()
+
+
+def is_error(result: Any) -> bool:
+    return type(result).__name__ == "ErrorResponse"
+
+
+async def call_serving(coro: Awaitable[Any], request: Request, *, lmi: bool = False) -> Any:
+    """Await a vLLM serving call; ErrorResponse -> APIError; generators are returned as they are."""
+    result = await until_disconnect(coro, request)
+    if is_error(result):
+        raise from_vllm_error(result, lmi=lmi)
+    return result
+
+
+def as_response(result: Any, headers: dict[str, str] | None = None):
+    if isinstance(result, AsyncIterator) or hasattr(result, "__aiter__"):
+        return StreamingResponse(result, media_type="text/event-stream", headers=headers)
+    return JSONResponse(result.model_dump(exclude_none=False), headers=headers)

@@ -1,0 +1,99 @@
+"""SageMaker's contract: GET /ping and POST /invocations.
+
+/invocations picks its handler by validating the body against each request type in priority
+order (LMI `inputs`, OpenAI chat `messages`, OpenAI completion `prompt`); the first that
+validates wins. When none validates, the errors of the schema the body was closest to are shown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from lmi_server.api import openai as openai_routes
+from lmi_server.api.body import read_json_body
+from lmi_server.api.errors import APIError, validation_message
+from lmi_server.api.generation import call_serving, engine_state
+from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
+
+router = APIRouter()
+
+
+@router.get("/ping")
+async def ping(request: Request):
+    state = request.app.state.engine_owner.state
+    if state.healthy:
+        return JSONResponse({"status": "healthy"})
+    detail = {"starting": "loading the model", "failed": state.error, "stopped": "shutting down"}.get(
+        state.status, "engine not healthy"
+    )
+    if state.status == "ready":
+        detail = "the engine has died: " + str(getattr(state.engine, "dead_error", "unknown error"))
+    return JSONResponse({"status": state.status if state.status != "ready" else "unhealthy", "detail": detail}, status_code=503)
+
+
+def _schemas():
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    return [("lmi", LMIRequest, "inputs"), ("chat", ChatCompletionRequest, "messages"), ("completion", CompletionRequest, "prompt")]
+
+
+def detect_schema(body: Any) -> tuple[str, Any]:
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    failures: dict[str, str] = {}
+    for name, model, _ in _schemas():
+        try:
+            return name, model.model_validate(body)
+        except ValidationError as exc:
+            failures[name] = validation_message(exc.errors())
+        except Exception as exc:  # noqa: BLE001 - vLLM's validators raise their own client errors
+            failures[name] = str(exc)
+    for name, _, marker in _schemas():
+        if marker in body:
+            status = 424 if name == "lmi" else 422
+            raise APIError(status, f"invalid {name} request: {failures[name]}", lmi=name == "lmi")
+    raise APIError(
+        400,
+        "request body matches none of the accepted schemas: LMI {\"inputs\": \"...\", \"parameters\": {...}}, "
+        "OpenAI chat {\"messages\": [...]} or OpenAI completion {\"prompt\": \"...\"}",
+    )
+
+
+@router.post("/invocations")
+async def invocations(request: Request):
+    body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
+    session_headers = await request.app.state.session_hook(request, body)
+    if isinstance(session_headers, JSONResponse):
+        return session_headers
+    schema, parsed = detect_schema(body)
+    if schema == "chat":
+        return await openai_routes.chat_completion(request, body, session_headers)
+    if schema == "completion":
+        return await openai_routes.completion(request, body, session_headers)
+    return await lmi_generate(request, parsed, session_headers)
+
+
+async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str] | None):
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    state = engine_state(request)
+    if req.stream and isinstance(req.inputs, list) and len(req.inputs) != 1:
+        raise APIError(424, "streaming takes a single input; send one request per input", lmi=True)
+    model = await request.app.state.lmi_model_resolver(request, req)
+    try:
+        completion_req = CompletionRequest.model_validate(to_completion_body(req, model))
+    except ValidationError as exc:
+        raise APIError(424, f"invalid parameters: {validation_message(exc.errors())}", lmi=True) from None
+    except Exception as exc:  # noqa: BLE001 - vLLM's own request validators
+        raise APIError(424, f"invalid parameters: {exc}", lmi=True) from None
+    result = await call_serving(
+        state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
+    )
+    if req.stream:
+        return StreamingResponse(stream_jsonlines(req, result), media_type="application/jsonlines", headers=headers)
+    return JSONResponse(format_response(req, result.model_dump()), headers=headers)

@@ -1,0 +1,108 @@
+"""`lmi-server serve | config | demo-model | options` (thin: parsing and dispatch only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from lmi_server.config.schema import ConfigError
+
+log = logging.getLogger("lmi_server")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-dir", help="model directory (default: /opt/ml/model, or $LMI_MODEL_DIR)")
+    p.add_argument("--properties", help="serving.properties file (default: MODEL_DIR/serving.properties)")
+
+
+def _load(args):
+    from lmi_server.config.loader import load_serving_config
+
+    return load_serving_config(args.model_dir, args.properties)
+
+
+def cmd_config(args) -> int:
+    from lmi_server.runtime import resolve_runtime
+
+    cfg = _load(args)
+    runtime = resolve_runtime(cfg, build_demo=False)
+    print(json.dumps(runtime.describe(), indent=2, default=str))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from lmi_server.api.app import create_app
+    from lmi_server.runtime import resolve_runtime
+
+    cfg = _load(args)
+    runtime = resolve_runtime(cfg, build_demo=True)
+    runtime.apply_environment()
+    app = create_app(cfg, runtime.engine_args, runtime=runtime)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.graceful_timeout,
+        timeout_keep_alive=30,
+    )
+    return 0
+
+
+def cmd_demo_model(args) -> int:
+    from lmi_server.demo.builder import build_demo_model, ensure_demo_model
+
+    path = build_demo_model(Path(args.dir)) if args.dir else ensure_demo_model()
+    print(path)
+    return 0
+
+
+def cmd_options(args) -> int:
+    from lmi_server.config.reference import options_markdown
+
+    print(options_markdown())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lmi-server", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the configured model (or the embedded demo model)")
+    _add_config_args(serve)
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--graceful-timeout", type=int, default=30, help="seconds in-flight requests get on SIGTERM")
+    serve.set_defaults(func=cmd_serve)
+
+    config = sub.add_parser("config", help="print the resolved configuration and vLLM engine arguments")
+    _add_config_args(config)
+    config.set_defaults(func=cmd_config)
+
+    demo = sub.add_parser("demo-model", help="build the embedded demo model (into DIR, or the cache)")
+    demo.add_argument("dir", nargs="?")
+    demo.set_defaults(func=cmd_demo_model)
+
+    options = sub.add_parser("options", help="print every option.* key as a Markdown table")
+    options.set_defaults(func=cmd_options)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"lmi-server: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

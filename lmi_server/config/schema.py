@@ -1,0 +1,356 @@
+"""The one validated ServingConfig, built from merged `option.*` properties.
+
+Every key has one definition: our own keys are fields of the pydantic sections below (name =
+option key, with type, default and description); vLLM's engine arguments come from the table
+generated from the pinned vLLM (`vllm_engine_args.json`), so this module never imports vLLM.
+LMI's names are mapped onto vLLM's; LMI keys that mean nothing here are accepted and reported.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lmi_server.adapters.options import AdapterOptions
+from lmi_server.config import host
+from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.sessions_options import SessionOptions
+from lmi_server.speculative_options import SpeculativeOptions
+
+DEFAULT_MODEL_DIR = Path("/opt/ml/model")
+DEMO_SERVED_NAME = "lmi-demo"
+
+
+class ServerOptions(BaseModel):
+    """Keys about the model source and the HTTP layer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_id: str | None = Field(
+        None,
+        description="Local model directory (absolute or relative to the model directory) or a "
+        "Hugging Face hub id. Default: the model directory itself when it holds config.json, "
+        "else the embedded demo model.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="Name(s) clients use in the OpenAI `model` field, comma-separated. Default: "
+        "the hub id, or the model directory's name.",
+    )
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Largest accepted request body; larger bodies get 413."
+    )
+    cpu_kv_cache_space: int | None = Field(
+        None,
+        ge=1,
+        description="CPU backend only: the engine's KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE).",
+    )
+    model_loading_timeout: int = Field(
+        3600, gt=0, description="Seconds the engine may take to start before start-up fails (LMI key)."
+    )
+
+
+SECTIONS: dict[str, type[BaseModel]] = {
+    "server": ServerOptions,
+    "lmcache": LMCacheOptions,
+    "speculative": SpeculativeOptions,
+    "adapters": AdapterOptions,
+    "sessions": SessionOptions,
+}
+
+# LMI name -> vLLM engine-argument name.
+LMI_ALIASES: dict[str, str] = {
+    "tensor_parallel_degree": "tensor_parallel_size",
+    "pipeline_parallel_degree": "pipeline_parallel_size",
+    "max_rolling_batch_size": "max_num_seqs",
+    "max_rolling_batch_prefill_tokens": "max_num_batched_tokens",
+    "quantize": "quantization",
+}
+LMI_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+# LMI keys that are meaningful to LMI's own front-end only: accepted, reported, ignored.
+NOT_APPLICABLE: dict[str, str] = {
+    "async_mode": "this server is always asynchronous",
+    "entrypoint": "the vLLM handler is built in",
+    "mpi_mode": "vLLM manages its own workers",
+    "job_queue_size": "requests queue in the vLLM scheduler",
+    "parallel_loading": "vLLM loads the model once",
+    "predict_timeout": "no per-request worker timeout; clients set their own",
+    "device_map": "vLLM places the model",
+    "enable_streaming": "streaming is chosen per request with \"stream\": true",
+    "output_formatter": "use per-adapter formatters or the OpenAI schema",
+    "task": "the task follows from the model",
+    "rolling_batch_strategy": "vLLM always batches continuously",
+}
+ROLLING_BATCH_OK = {"vllm", "auto", "disable", "lmi-dist"}
+ROLLING_BATCH_OTHER_BACKENDS = {"trtllm", "tnx", "scheduler", "deepspeed", "neuronx", "lmi-dist-v2"}
+# Top-level (non-option) keys of LMI's serving.properties.
+TOP_LEVEL_NOT_APPLICABLE = {
+    "minworkers", "maxworkers", "batch_size", "max_batch_delay", "max_idle_time",
+    "load_on_devices", "required_memory_mb", "reserved_memory_mb", "gpu.minworkers",
+    "gpu.maxworkers", "job_queue_size",
+}
+ENGINES_OK = {"python", "mpi"}
+
+_EXAMPLES = {"int": "4096", "float": "0.9", "bool": "true", "json": '{"key": "value"}'}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; `problems` lists one message per key."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+@lru_cache(maxsize=1)
+def vllm_engine_arg_table() -> dict[str, dict[str, Any]]:
+    path = Path(__file__).with_name("vllm_engine_args.json")
+    return json.loads(path.read_text())["args"]
+
+
+# Engine arguments this server owns: setting them in properties would break the wiring.
+RESERVED_ENGINE_ARGS = {"kv_transfer_config", "model"}
+
+
+def own_keys() -> dict[str, tuple[str, Any]]:
+    """option key -> (section, pydantic FieldInfo) for every key that is ours."""
+    keys: dict[str, tuple[str, Any]] = {}
+    for section, model in SECTIONS.items():
+        for name, info in model.model_fields.items():
+            keys[name] = (section, info)
+    return keys
+
+
+def all_known_keys() -> list[str]:
+    keys = set(own_keys()) | set(LMI_ALIASES) | set(NOT_APPLICABLE) | {"rolling_batch", "dtype"}
+    keys |= set(vllm_engine_arg_table()) - RESERVED_ENGINE_ARGS
+    return sorted(keys)
+
+
+def suggest(key: str) -> str:
+    match = difflib.get_close_matches(key, all_known_keys(), n=1, cutoff=0.6)
+    return f" (did you mean option.{match[0]}?)" if match else ""
+
+
+def coerce_engine_value(key: str, raw: str, desc: dict[str, Any]) -> Any:
+    """Convert a properties string to the type vLLM's engine argument wants, or raise ValueError."""
+    kind = desc["kind"]
+    text = raw.strip()
+    if desc.get("nullable") and text.lower() in ("none", "null"):
+        return None
+    if kind == "bool":
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError("expected true or false")
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError("expected an integer") from None
+    if kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError("expected a number") from None
+    if kind == "choice":
+        for choice in desc["choices"]:
+            if str(choice).lower() == text.lower():
+                return choice
+        raise ValueError("expected one of " + ", ".join(str(c) for c in desc["choices"]))
+    if kind == "json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"expected JSON ({exc.msg} at column {exc.colno})") from None
+    return text
+
+
+def _example(key: str, desc: dict[str, Any]) -> str:
+    if desc["kind"] == "choice":
+        return f"option.{key}={desc['choices'][0]}"
+    return f"option.{key}={_EXAMPLES.get(desc['kind'], 'VALUE')}"
+
+
+class ResolvedModel(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    source: Literal["local", "hub", "demo"]
+    path_or_id: str
+    served_names: list[str]
+
+
+class ServingConfig(BaseModel):
+    """Everything the server needs, resolved and validated. Built by `build_serving_config`."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    model_dir: Path
+    model: ResolvedModel
+    engine_args: dict[str, Any]
+    server: ServerOptions
+    lmcache: LMCacheOptions
+    speculative: SpeculativeOptions
+    adapters: AdapterOptions
+    sessions: SessionOptions
+    not_applicable: dict[str, str] = Field(default_factory=dict)
+    overridden_by_file: list[str] = Field(default_factory=list)
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return json.loads(self.model_dump_json())
+
+
+def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) -> ResolvedModel:
+    def names(default: str) -> list[str]:
+        if server.served_model_name:
+            return [n.strip() for n in server.served_model_name.split(",") if n.strip()]
+        return [default]
+
+    model_id = server.model_id
+    if model_id is None:
+        if (model_dir / "config.json").is_file():
+            return ResolvedModel(source="local", path_or_id=str(model_dir), served_names=names(model_dir.name))
+        from lmi_server.demo.builder import default_cache_dir
+
+        return ResolvedModel(source="demo", path_or_id=str(default_cache_dir()), served_names=names(DEMO_SERVED_NAME))
+    if "://" in model_id:
+        problems.append(
+            f"option.model_id={model_id!r}: remote URLs are not downloaded by this server; "
+            "copy the model into the model directory or use a hub id"
+        )
+        return ResolvedModel(source="hub", path_or_id=model_id, served_names=names(model_id))
+    candidate = Path(model_id).expanduser()
+    for path in ([candidate] if candidate.is_absolute() else [model_dir / candidate, candidate]):
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                problems.append(f"option.model_id={model_id!r}: directory {path} has no config.json")
+            return ResolvedModel(source="local", path_or_id=str(path.resolve()), served_names=names(path.resolve().name))
+    if candidate.is_absolute() or model_id.startswith(".") or not _HUB_ID.match(model_id):
+        problems.append(
+            f"option.model_id={model_id!r}: no such directory (looked in {model_dir}) and not a "
+            "hub id of the form org/name"
+        )
+    return ResolvedModel(source="hub", path_or_id=model_id, served_names=names(model_id))
+
+
+def build_serving_config(
+    properties: dict[str, str],
+    model_dir: Path = DEFAULT_MODEL_DIR,
+    *,
+    sources: dict[str, str] | None = None,
+    overridden_by_file: list[str] | None = None,
+) -> ServingConfig:
+    """Validate merged properties; raise ConfigError listing every problem at once."""
+    problems: list[str] = []
+    not_applicable: dict[str, str] = {}
+    table = vllm_engine_arg_table()
+    mine = own_keys()
+    section_values: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
+    engine_raw: dict[str, tuple[str, str]] = {}  # vllm name -> (option key as written, raw value)
+
+    for full_key, raw in properties.items():
+        if not full_key.startswith("option."):
+            top = full_key.lower()
+            if top == "engine":
+                if raw.strip().lower() not in ENGINES_OK:
+                    problems.append(
+                        f"engine={raw!r}: this container serves with vLLM; use engine=Python (or remove the line)"
+                    )
+                else:
+                    not_applicable[full_key] = "the vLLM engine is built in"
+            elif top in TOP_LEVEL_NOT_APPLICABLE:
+                not_applicable[full_key] = "LMI front-end setting; vLLM schedules requests itself"
+            else:
+                problems.append(f"{full_key}={raw!r}: unknown key; settings are option.<name>{suggest(top)}")
+            continue
+        key = full_key[len("option.") :].lower()
+        if key in NOT_APPLICABLE:
+            not_applicable[full_key] = NOT_APPLICABLE[key]
+        elif key == "rolling_batch":
+            value = raw.strip().lower()
+            if value in ROLLING_BATCH_OK:
+                not_applicable[full_key] = "vLLM's continuous batching is always on"
+            elif value in ROLLING_BATCH_OTHER_BACKENDS:
+                problems.append(
+                    f"option.rolling_batch={raw!r} asks for another backend; this container serves with "
+                    "vLLM only (use option.rolling_batch=vllm or remove the line)"
+                )
+            else:
+                problems.append(f"option.rolling_batch={raw!r}: expected vllm, auto or disable")
+        elif key in mine:
+            section_values[mine[key][0]][key] = raw
+        elif key in LMI_ALIASES:
+            target = LMI_ALIASES[key]
+            if target in engine_raw and engine_raw[target][1].strip() != raw.strip():
+                problems.append(
+                    f"option.{key}={raw!r} conflicts with option.{target}={engine_raw[target][1]!r}: "
+                    "they name the same setting; keep one"
+                )
+            engine_raw[target] = (key, raw)
+        elif key in RESERVED_ENGINE_ARGS:
+            problems.append(
+                f"option.{key}: set by the server itself; use option.model_id / option.lmcache_* instead"
+            )
+        elif key in table:
+            alias = next((a for a, t in LMI_ALIASES.items() if t == key), None)
+            if key in engine_raw and engine_raw[key][1].strip() != raw.strip():
+                problems.append(
+                    f"option.{key}={raw!r} conflicts with option.{alias}={engine_raw[key][1]!r}: "
+                    "they name the same setting; keep one"
+                )
+                continue
+            engine_raw[key] = (key, raw)
+        else:
+            problems.append(f"option.{key}={raw!r}: unknown key{suggest(key)}")
+
+    sections: dict[str, BaseModel] = {}
+    for name, model in SECTIONS.items():
+        try:
+            sections[name] = model.model_validate(section_values[name])
+        except ValidationError as exc:
+            for err in exc.errors():
+                field = ".".join(str(p) for p in err["loc"])
+                value = section_values[name].get(str(err["loc"][0]), err.get("input"))
+                problems.append(f"option.{field}={value!r}: {err['msg']}")
+            sections[name] = model()
+
+    engine_args: dict[str, Any] = {}
+    for target, (written, raw) in engine_raw.items():
+        try:
+            if written == "tensor_parallel_degree" and raw.strip().lower() == "max":
+                engine_args[target] = max(1, host.gpu_count())
+                continue
+            if target == "dtype":
+                raw = LMI_DTYPES.get(raw.strip().lower(), raw)
+            engine_args[target] = coerce_engine_value(target, raw, table[target])
+        except ValueError as exc:
+            problems.append(f"option.{written}={raw!r}: {exc} (example: {_example(written, table[target])})")
+
+    server = sections["server"]
+    assert isinstance(server, ServerOptions)
+    model = _resolve_model(model_dir, server, problems)
+    if problems:
+        raise ConfigError(problems)
+
+    engine_args["model"] = model.path_or_id
+    engine_args["served_model_name"] = model.served_names
+    return ServingConfig(
+        model_dir=model_dir,
+        model=model,
+        engine_args=engine_args,
+        not_applicable=not_applicable,
+        overridden_by_file=list(overridden_by_file or []),
+        sources=dict(sources or {}),
+        **sections,
+    )

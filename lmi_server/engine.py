@@ -1,0 +1,163 @@
+"""Builds and owns the vLLM engine and vLLM's own OpenAI serving objects.
+
+The serving objects (chat, completion, models, tokenization) come from vLLM's `init_app_state`,
+fed with a namespace produced by vLLM's own CLI parser, so chat templates, sampling parameters,
+validation and SSE streaming behave exactly as in `vllm serve`. vLLM is imported only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from argparse import Namespace
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmi_server.config.schema import ServingConfig
+
+log = logging.getLogger(__name__)
+
+# No outbound network from the product: vLLM's and LMCache's usage reporting are off by default.
+TELEMETRY_OFF_ENV = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "LMCACHE_TRACK_USAGE": "false",
+}
+
+
+def engine_environment(cfg: ServingConfig) -> dict[str, str]:
+    """Environment the engine processes need, derived from the config (applied by `apply_env`)."""
+    env = dict(TELEMETRY_OFF_ENV)
+    if cfg.server.cpu_kv_cache_space is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.server.cpu_kv_cache_space)
+    env.setdefault("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))
+    return env
+
+
+def apply_env(env: dict[str, str]) -> None:
+    """Set variables the user has not set already (explicit user settings win)."""
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+
+
+def vllm_version() -> str:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def build_vllm_namespace(engine_args: dict[str, Any]) -> Namespace:
+    """vLLM's `serve` argument namespace with our engine arguments applied on top of its defaults."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="lmi-server"))
+    args = parser.parse_args(["--model", str(engine_args["model"])])
+    for key, value in engine_args.items():
+        setattr(args, key, value)
+    if isinstance(getattr(args, "kv_transfer_config", None), dict):
+        from vllm.config import KVTransferConfig
+
+        args.kv_transfer_config = KVTransferConfig(**args.kv_transfer_config)
+    # Report reused prompt tokens (LMCache / prefix cache) in usage.prompt_tokens_details.
+    args.enable_prompt_tokens_details = True
+    args.disable_log_stats = False
+    return args
+
+
+@dataclass
+class EngineState:
+    """What the API layer reads: readiness, the engine client, vLLM's serving objects."""
+
+    status: str = "starting"  # starting | ready | failed | stopped
+    error: str | None = None
+    engine: Any = None
+    serving: Any = None  # starlette State holding vLLM's serving objects
+    args: Namespace | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    ready_after_s: float | None = None
+
+    @property
+    def healthy(self) -> bool:
+        if self.status != "ready" or self.engine is None:
+            return False
+        return not getattr(self.engine, "errored", False)
+
+
+class EngineOwner:
+    """Starts the engine in the background (so /ping can answer 503 meanwhile) and stops it."""
+
+    def __init__(self, cfg: ServingConfig, engine_args: dict[str, Any]):
+        self.cfg = cfg
+        self.engine_args = engine_args
+        self.state = EngineState()
+        self._stack = contextlib.AsyncExitStack()
+        self._task: asyncio.Task | None = None
+
+    def start_background(self) -> asyncio.Task:
+        self._task = asyncio.create_task(self._start(), name="engine-start")
+        return self._task
+
+    async def _start(self) -> None:
+        try:
+            await asyncio.wait_for(self._build(), timeout=self.cfg.server.model_loading_timeout)
+            self.state.status = "ready"
+            self.state.ready_after_s = time.monotonic() - self.state.started_at
+            log.info("engine ready after %.1f s", self.state.ready_after_s)
+        except asyncio.CancelledError:
+            self.state.status = "stopped"
+            raise
+        except BaseException as exc:  # noqa: BLE001 - any start failure makes /ping 503, with the reason
+            self.state.status = "failed"
+            self.state.error = f"{type(exc).__name__}: {exc}"
+            log.exception("engine failed to start")
+            on_failure = getattr(self, "on_failure", None)
+            if on_failure is not None:
+                on_failure(self.state.error)
+
+    async def _build(self) -> None:
+        from starlette.datastructures import State
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = build_vllm_namespace(self.engine_args)
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        # Engine start-up blocks (process spawn, weight loading, profiling): run it in a thread
+        # so that the event loop keeps answering /ping with 503 meanwhile.
+        engine = await asyncio.to_thread(
+            AsyncLLM.from_vllm_config,
+            vllm_config=vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            enable_log_requests=engine_args.enable_log_requests,
+            disable_log_stats=engine_args.disable_log_stats,
+        )
+        self._stack.callback(engine.shutdown)
+        serving = State()
+        supported_tasks = await engine.get_supported_tasks()
+        await init_app_state(engine, serving, args, supported_tasks)
+        self.state.engine = engine
+        self.state.serving = serving
+        self.state.args = args
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        try:
+            await self._stack.aclose()
+        finally:
+            self.state.status = "stopped"

@@ -1,0 +1,372 @@
+"""LMCache's own YAML config → the MP server's command line and vLLM's KVTransferConfig.
+
+Users bring an LMCache config file in LMCache's key names (`chunk_size`, `max_local_cpu_size`,
+`local_disk`, `remote_url`, `extra_config.use_odirect`, ...; see `lmcache/v1/config.py`).
+LMCache itself silently ignores keys it does not know; we parse strictly so a typo stops
+start-up with the key and the nearest valid one. The keys are translated for LMCache's
+multiprocess server (`python -m lmcache.v1.multiprocess.server`, flags from its argparse in
+`lmcache/v1/multiprocess/config.py` and `lmcache/v1/distributed/config.py`):
+
+    max_local_cpu_size (GiB)      → --l1-size-gb  (+ --eviction-policy, required with it)
+    cache_policy                  → --eviction-policy
+    chunk_size                    → --chunk-size
+    local_disk + extra_config     → --l2-adapter {"type": "fs", "base_path": ..., "use_odirect": ...}
+    remote_url redis://h:p        → --l2-adapter {"type": "resp", "host": h, "port": p}
+    mp_host / mp_port             → --host / --port
+
+The transfer mode follows the platform: `engine_driven` on CPU (the only mode the CPU engine
+can register; without it the worker hangs 300 s in register_kv_caches), `lmcache_driven`
+(zero-copy CUDA IPC) on CUDA.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lmi_server.kvcache.host import GIB, CacheDirError, check_cache_dir
+from lmi_server.kvcache.plan import (
+    CacheTiers,
+    DiskTier,
+    KVCacheConfigError,
+    KVCachePlan,
+    Platform,
+    RemoteTier,
+    TransferMode,
+)
+
+MP_SERVER_MODULE = "lmcache.v1.multiprocess.server"
+MP_CONNECTOR = "LMCacheMPConnector"
+MP_CONNECTOR_MODULE = "lmcache.integration.vllm.lmcache_mp_connector"
+INPROCESS_CONNECTOR = "LMCacheConnectorV1"
+
+# LMCache's in-process cache policies vs the MP server's eviction policies.
+_MP_EVICTION_POLICIES = ("LRU", "ARC")
+
+
+class ExtraConfig(BaseModel):
+    """`extra_config:` keys this translation understands."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    use_odirect: bool = Field(False, description="O_DIRECT reads/writes for the local disk tier.")
+
+
+class LMCacheFileConfig(BaseModel):
+    """The LMCache YAML keys that have a meaning for LMCache's MP server (LMCache names and units:
+    sizes are GiB as float, like LMCache's `max_local_cpu_size`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunk_size: int = Field(256, gt=0, description="Tokens per KV chunk (hash and storage unit).")
+    local_cpu: bool = Field(True, description="Keep chunks in CPU RAM (the MP server's L1 always exists).")
+    max_local_cpu_size: float = Field(5.0, gt=0, description="CPU RAM tier (L1) in GiB.")
+    local_disk: str | None = Field(None, description="Local disk tier: 'file:///mnt/nvme/lmcache/' or a path.")
+    max_local_disk_size: float = Field(0.0, ge=0, description="Disk tier size in GiB (checked against free space).")
+    remote_url: str | None = Field(None, description="Remote tier, Redis protocol: 'redis://host:port'.")
+    remote_serde: Literal["naive"] | None = Field(
+        "naive", description="Remote (de)serializer; the MP server stores raw KV ('naive')."
+    )
+    cache_policy: Literal["LRU", "ARC"] = Field("LRU", description="Eviction policy of the CPU tier.")
+    mp_host: str | None = Field(None, description="Host the MP server binds (default localhost).")
+    mp_port: int | None = Field(None, ge=1, le=65535, description="Port of the MP server.")
+    extra_config: ExtraConfig = Field(default_factory=ExtraConfig)
+
+    @field_validator("local_disk")
+    @classmethod
+    def _one_disk_path(cls, v: str | None) -> str | None:
+        if v is not None and "," in v:
+            raise ValueError("one local disk path is supported, e.g. 'file:///mnt/nvme/lmcache/'")
+        return v
+
+    @field_validator("remote_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_remote_url(v)
+        return v
+
+    def disk_path(self) -> Path | None:
+        if not self.local_disk:
+            return None
+        raw = self.local_disk.strip()
+        path = raw.removeprefix("file://") if raw.startswith("file://") else raw
+        if not path.startswith("/"):
+            raise KVCacheConfigError(f"local_disk must be an absolute path or file:// URL, got {raw!r}")
+        return Path(path)
+
+
+def parse_remote_url(url: str) -> RemoteTier:
+    """`redis://[user:password@]host:port` (or valkey://) → the RESP adapter's fields."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "valkey"):
+        raise ValueError(
+            f"remote_url scheme {parts.scheme!r} is not supported; use 'redis://host:6379' "
+            "(RESP protocol; TLS 'rediss://' needs LMCache's valkey adapter and valkey-glide)"
+        )
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"remote_url needs host and port, e.g. 'redis://cache.internal:6379', got {url!r}")
+    return RemoteTier(
+        url=url,
+        host=parts.hostname,
+        port=parts.port,
+        username=unquote(parts.username or ""),
+        password=unquote(parts.password or ""),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading with errors that name the key
+# ---------------------------------------------------------------------------------------------
+
+
+def lmcache_known_keys() -> frozenset[str]:
+    """Every key LMCache's in-process config defines, read (not imported: importing lmcache pulls
+    in torch) from `_CONFIG_DEFINITIONS` in the installed `lmcache/v1/config.py`."""
+    spec = importlib.util.find_spec("lmcache")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    path = Path(next(iter(spec.submodule_search_locations))) / "v1" / "config.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return frozenset()
+    for node in tree.body:
+        target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == "_CONFIG_DEFINITIONS" and isinstance(node.value, ast.Dict):
+            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    return frozenset()
+
+
+def _describe_error(err: dict[str, Any], model: type[BaseModel]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    key = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        fields = list(ExtraConfig.model_fields) if loc[0] == "extra_config" else list(model.model_fields)
+        hint = difflib.get_close_matches(loc[-1], fields, n=1)
+        if loc[0] != "extra_config" and loc[-1] in lmcache_known_keys():
+            return (
+                f"`{key}` is an LMCache key that the MP server translation does not support "
+                f"(supported: {', '.join(fields)}); remove it or use option.lmcache_mode=inprocess on a GPU host"
+            )
+        return f"unknown key `{key}`" + (f"; did you mean `{hint[0]}`?" if hint else f"; valid keys: {', '.join(fields)}")
+    return f"`{key}`: {err['msg']} (got {err.get('input')!r})"
+
+
+def parse_lmcache_config(data: Any, *, source: str = "<dict>") -> LMCacheFileConfig:
+    """Validate an already-loaded LMCache config mapping."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise KVCacheConfigError(f"LMCache config {source}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        return LMCacheFileConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(_describe_error(err, LMCacheFileConfig) for err in e.errors())
+        raise KVCacheConfigError(f"LMCache config {source}: {problems}") from None
+
+
+def load_lmcache_config(path: Path) -> LMCacheFileConfig:
+    """Read and strictly validate an LMCache YAML file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise KVCacheConfigError(f"option.lmcache_config_file: cannot read {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise KVCacheConfigError(f"LMCache config {path}: not valid YAML: {e}") from None
+    return parse_lmcache_config(data, source=str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Translation
+# ---------------------------------------------------------------------------------------------
+
+
+def transfer_mode_for(platform: Platform) -> TransferMode:
+    return "lmcache_driven" if platform == "cuda" else "engine_driven"
+
+
+def tiers_from_config(
+    cfg: LMCacheFileConfig,
+    *,
+    port: int,
+    metrics_port: int,
+    platform: Platform,
+    check_disk: bool = True,
+) -> tuple[CacheTiers, list[str], list[str]]:
+    """Turn a validated file config into `CacheTiers`. Returns (tiers, reasons, warnings).
+
+    `check_disk` runs the cache-directory checks (create, writable, free space, O_DIRECT probe);
+    unit tests of pure translation pass False."""
+    reasons: list[str] = []
+    warnings: list[str] = []
+    if not cfg.local_cpu:
+        warnings.append(
+            "local_cpu: false has no MP-server equivalent (its CPU tier always exists); "
+            f"max_local_cpu_size={cfg.max_local_cpu_size} GiB is used as the CPU staging tier"
+        )
+    reasons.append(f"CPU tier (L1) {cfg.max_local_cpu_size:g} GiB from max_local_cpu_size, eviction {cfg.cache_policy}")
+
+    disk = None
+    disk_path = cfg.disk_path()
+    if disk_path is not None:
+        want = int(cfg.max_local_disk_size * GIB)
+        odirect = cfg.extra_config.use_odirect
+        if check_disk:
+            try:
+                check = check_cache_dir(disk_path, want_odirect=odirect, wanted_bytes=want)
+            except CacheDirError as e:
+                raise KVCacheConfigError(f"local_disk: {e}") from None
+            warnings.extend(check.warnings)
+            odirect = check.odirect if odirect else False
+        disk = DiskTier(path=disk_path, size_bytes=want or None, odirect=odirect)
+        reasons.append(
+            f"disk tier at {disk_path} ({cfg.max_local_disk_size:g} GiB intended, O_DIRECT "
+            f"{'on' if odirect else 'off'}) via LMCache's fs L2 adapter"
+        )
+    remote = parse_remote_url(cfg.remote_url) if cfg.remote_url else None
+    if remote is not None:
+        reasons.append(f"remote tier {remote.redacted_url()} via LMCache's resp (Redis protocol) L2 adapter")
+    mode = transfer_mode_for(platform)
+    reasons.append(
+        f"transfer mode {mode}: "
+        + ("CUDA host, zero-copy IPC" if platform == "cuda" else "CPU host, the only mode the CPU engine can register")
+    )
+    tiers = CacheTiers(
+        chunk_size=cfg.chunk_size,
+        l1_bytes=int(cfg.max_local_cpu_size * GIB),
+        eviction_policy=cfg.cache_policy,
+        disk=disk,
+        remote=remote,
+        host=cfg.mp_host or "localhost",
+        port=cfg.mp_port or port,
+        metrics_port=metrics_port,
+        transfer_mode=mode,
+    )
+    return tiers, reasons, warnings
+
+
+def _gib_arg(n_bytes: int) -> str:
+    return f"{n_bytes / GIB:.4g}"
+
+
+def l2_adapter_specs(tiers: CacheTiers) -> list[dict[str, Any]]:
+    """The `--l2-adapter` JSON objects, disk before remote (the prefetch policy tries them in order)."""
+    specs: list[dict[str, Any]] = []
+    if tiers.disk is not None:
+        specs.append({"type": "fs", "base_path": str(tiers.disk.path), "use_odirect": tiers.disk.odirect})
+    if tiers.remote is not None:
+        spec: dict[str, Any] = {"type": "resp", "host": tiers.remote.host, "port": tiers.remote.port}
+        if tiers.remote.username:
+            spec["username"] = tiers.remote.username
+        if tiers.remote.password:
+            spec["password"] = tiers.remote.password
+        specs.append(spec)
+    return specs
+
+
+def mp_server_argv(tiers: CacheTiers, python: str | None = None) -> list[str]:
+    """The full command line of the LMCache MP server for these tiers."""
+    argv = [
+        python or sys.executable, "-m", MP_SERVER_MODULE,
+        "--host", tiers.host,
+        "--port", str(tiers.port),
+        "--chunk-size", str(tiers.chunk_size),
+        "--l1-size-gb", _gib_arg(tiers.l1_bytes),
+        "--eviction-policy", tiers.eviction_policy,
+        "--supported-transfer-mode", tiers.transfer_mode,
+        "--prometheus-port", str(tiers.metrics_port),
+    ]
+    for spec in l2_adapter_specs(tiers):
+        argv += ["--l2-adapter", json.dumps(spec, separators=(",", ":"))]
+    return argv
+
+
+def mp_kv_transfer_config(tiers: CacheTiers) -> dict[str, Any]:
+    """kwargs for `vllm.config.KVTransferConfig` that point vLLM at the MP server."""
+    return {
+        "kv_connector": MP_CONNECTOR,
+        "kv_role": "kv_both",
+        "kv_connector_module_path": MP_CONNECTOR_MODULE,
+        "kv_connector_extra_config": {
+            "lmcache.mp.host": f"tcp://{tiers.host}",
+            "lmcache.mp.port": tiers.port,
+        },
+    }
+
+
+def inprocess_kv_transfer_config() -> dict[str, Any]:
+    """kwargs for `KVTransferConfig` with LMCache inside the engine (LMI's GPU default)."""
+    return {"kv_connector": INPROCESS_CONNECTOR, "kv_role": "kv_both"}
+
+
+def process_env(hash_seed: str, telemetry: bool) -> dict[str, str]:
+    """Environment for the cache server AND the engine: same hash seed; no phoning home.
+
+    LMCache checks `LMCACHE_TRACK_USAGE=false` / `DO_NOT_TRACK=1`
+    (lmcache/usage_telemetry/identity.py); vLLM checks `VLLM_NO_USAGE_STATS` / `DO_NOT_TRACK`."""
+    env = {"PYTHONHASHSEED": hash_seed}
+    if not telemetry:
+        env.update({"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"})
+    return env
+
+
+def require_gpu_for_inprocess(platform: Platform) -> None:
+    if platform != "cuda":
+        raise KVCacheConfigError(
+            "option.lmcache_mode=inprocess needs a GPU: LMCache 0.5.6 has no CPU connector for "
+            "in-process mode ('No supported cpu connector found'); use option.lmcache_mode=mp (or auto)"
+        )
+
+
+def plan_from_config_file(
+    path: Path,
+    *,
+    mode: Literal["mp", "inprocess", "auto"],
+    platform: Platform,
+    port: int,
+    metrics_port: int,
+    hash_seed: str = "0",
+    telemetry: bool = False,
+    python: str | None = None,
+    check_disk: bool = True,
+) -> KVCachePlan:
+    """`option.lmcache_config_file` → KVCachePlan (MP server argv + KVTransferConfig, or in-process)."""
+    cfg = load_lmcache_config(path)
+    env = process_env(hash_seed, telemetry)
+    if mode == "inprocess":
+        require_gpu_for_inprocess(platform)
+        env["LMCACHE_CONFIG_FILE"] = str(Path(path).resolve())
+        return KVCachePlan(
+            mode="inprocess",
+            kv_transfer_config=inprocess_kv_transfer_config(),
+            server_argv=None,
+            env=env,
+            reasons=[f"in-process LMCache inside each engine worker, configured by {path} (LMCACHE_CONFIG_FILE)"],
+            source="config_file",
+        )
+    tiers, reasons, warnings = tiers_from_config(
+        cfg, port=port, metrics_port=metrics_port, platform=platform, check_disk=check_disk
+    )
+    reasons.insert(0, f"LMCache MP server configured from {path}" + (" (mode auto = mp)" if mode == "auto" else ""))
+    return KVCachePlan(
+        mode="mp",
+        kv_transfer_config=mp_kv_transfer_config(tiers),
+        server_argv=mp_server_argv(tiers, python),
+        env=env,
+        reasons=reasons,
+        source="config_file",
+        tiers=tiers,
+        warnings=warnings,
+    )

@@ -1,0 +1,279 @@
+"""Runs LMCache's MP cache server as a supervised child process.
+
+The engine's KV connector talks to this server over ZMQ, so it must be up before the engine
+starts and must come back if it dies. The supervisor:
+
+- starts `python -m lmcache.v1.multiprocess.server ...` in its own process group (its worker
+  threads and any helper processes die together), with the plan's environment (same
+  PYTHONHASHSEED as the engine, telemetry off);
+- waits until the server answers a real RPC (`get_chunk_size` over its ZMQ socket, the call
+  the vLLM connector itself makes first), failing fast with the log tail if it exits;
+- watches it from a daemon thread and restarts it (with back-off, up to `max_restarts`); the
+  vLLM connector's heartbeat re-registers its KV caches with the new server;
+- stops it with SIGTERM to the group, then SIGKILL after a grace period, and removes any POSIX
+  shared-memory segment the server left in /dev/shm.
+
+Blocking methods are safe to call from asyncio through `start_async` / `stop_async`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+server_log = logging.getLogger("lmi_server.lmcache_server")
+
+SHM_DIR = Path("/dev/shm")
+
+
+class MPServerError(RuntimeError):
+    """The LMCache MP server could not be started or kept alive."""
+
+
+def probe_mp_server(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """True when the MP server at host:port answers `get_chunk_size` within `timeout_s`.
+
+    Uses LMCache's own request client (imported here, not at module import: it pulls in torch)."""
+    import zmq  # noqa: PLC0415
+
+    from lmcache.v1.multiprocess.transport.factory import RequestClientFactory  # noqa: PLC0415
+
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 0)
+    client = RequestClientFactory.create(f"tcp://{host}:{port}", context=ctx)
+    try:
+        return int(client.get_chunk_size().result(timeout=timeout_s)) > 0
+    except Exception:  # noqa: BLE001 - any failure means "not ready yet"
+        return False
+    finally:
+        client.close()
+        ctx.term()
+
+
+def _shm_segments() -> set[str]:
+    try:
+        return {p.name for p in SHM_DIR.iterdir()}
+    except OSError:
+        return set()
+
+
+class MPServerSupervisor:
+    """Start, watch, restart and stop one LMCache MP server child process."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        host: str = "localhost",
+        port: int,
+        max_restarts: int = 5,
+        ready_timeout_s: float = 120.0,
+        stop_timeout_s: float = 15.0,
+        poll_interval_s: float = 0.5,
+        probe: Callable[[str, int], bool] | None = None,
+        log_tail_lines: int = 200,
+    ) -> None:
+        self._argv = list(argv)
+        self._env = {**os.environ, **env}
+        self._host = host
+        self._port = port
+        self.max_restarts = max_restarts
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self._probe = probe or (lambda h, p: probe_mp_server(h, p))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._log_tail: collections.deque[str] = collections.deque(maxlen=log_tail_lines)
+        self._shm_before: set[str] = set()
+        self.restarts = 0
+        self.failed = False
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        with self._lock:
+            return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        return "\n".join(list(self._log_tail)[-n:])
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the server and block until it answers; raise `MPServerError` if it cannot."""
+        with self._lock:
+            if self.alive:
+                return
+            self._stopping.clear()
+            self.failed = False
+            self._shm_before = _shm_segments()
+            self._spawn_and_wait()
+        self._monitor = threading.Thread(target=self._watch, name="lmcache-mp-supervisor", daemon=True)
+        self._monitor.start()
+
+    async def start_async(self) -> None:
+        await asyncio.to_thread(self.start)
+
+    def _spawn(self) -> None:
+        log.info("starting LMCache MP server: %s", " ".join(self._argv))
+        self._proc = subprocess.Popen(
+            self._argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: one signal reaches all of it
+        )
+        threading.Thread(target=self._pump_output, args=(self._proc,), name="lmcache-mp-log", daemon=True).start()
+
+    def _pump_output(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            self._log_tail.append(line)
+            server_log.info("%s", line)
+        proc.stdout.close()
+
+    def _spawn_and_wait(self) -> None:
+        self._spawn()
+        proc = self._proc
+        assert proc is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise MPServerError(
+                    f"LMCache MP server exited with code {proc.returncode} during start-up:\n{self.log_tail()}"
+                )
+            if self._stopping.is_set():
+                raise MPServerError("stopped while the LMCache MP server was starting")
+            if self._probe(self._host, self._port):
+                log.info("LMCache MP server ready on %s:%d (pid %d)", self._host, self._port, proc.pid)
+                return
+            time.sleep(self.poll_interval_s)
+        self._terminate(proc)
+        raise MPServerError(
+            f"LMCache MP server did not answer on {self._host}:{self._port} within {self.ready_timeout_s:.0f} s:\n"
+            f"{self.log_tail()}"
+        )
+
+    # -- watch / restart -----------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        backoff = 1.0
+        while not self._stopping.wait(self.poll_interval_s):
+            with self._lock:
+                proc = self._proc
+                if proc is None or proc.poll() is None or self._stopping.is_set():
+                    continue
+                code = proc.returncode
+                if self.restarts >= self.max_restarts:
+                    self.failed = True
+                    log.error(
+                        "LMCache MP server died (exit %s) and the restart limit (%d) is reached; KV offloading is down",
+                        code, self.max_restarts,
+                    )
+                    return
+                self.restarts += 1
+                log.warning("LMCache MP server died (exit %s); restart %d of %d", code, self.restarts, self.max_restarts)
+            if self._stopping.wait(backoff):
+                return
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                try:
+                    self._killpg(proc, signal.SIGKILL)  # leftovers of the dead server's group
+                    self._spawn_and_wait()
+                    backoff = 1.0
+                except MPServerError as e:
+                    log.error("LMCache MP server restart failed: %s", e)
+                    backoff = min(backoff * 2, 30.0)
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL after `stop_timeout_s`; clean /dev/shm."""
+        self._stopping.set()
+        with self._lock:
+            proc = self._proc
+            if proc is not None:
+                self._terminate(proc)
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(timeout=self.stop_timeout_s)
+        self._remove_new_shm_segments()
+
+    async def stop_async(self) -> None:
+        await asyncio.to_thread(self.stop)
+
+    @staticmethod
+    def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            self._killpg(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("LMCache MP server ignored SIGTERM for %.0f s; sending SIGKILL", self.stop_timeout_s)
+                self._killpg(proc, signal.SIGKILL)
+                proc.wait(timeout=10)
+        # The leader is gone; make sure nothing else of its group survives.
+        self._killpg(proc, signal.SIGKILL)
+
+    def _remove_new_shm_segments(self) -> None:
+        """Remove /dev/shm entries that appeared while the server ran and that no process holds
+        (LMCache names its segments itself; after SIGKILL nobody else unlinks them)."""
+        for name in _shm_segments() - self._shm_before:
+            path = SHM_DIR / name
+            if not name.startswith("lmcache"):  # LMCache's L1 pool: lmcache_l1_pool_<pid|name>
+                continue
+            try:
+                if path.is_file():
+                    path.unlink()
+                    log.info("removed leftover shared-memory segment %s", path)
+            except OSError as e:
+                log.warning("could not remove %s: %s", path, e)
+
+    def __enter__(self) -> MPServerSupervisor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def supervisor_for_plan(plan: object, *, max_restarts: int = 5, **kwargs: object) -> MPServerSupervisor:
+    """Build the supervisor from a `KVCachePlan` whose mode is "mp"."""
+    from lmi_server.kvcache.plan import KVCachePlan  # noqa: PLC0415
+
+    assert isinstance(plan, KVCachePlan)
+    if plan.mode != "mp" or plan.server_argv is None or plan.tiers is None:
+        raise MPServerError(f"plan mode {plan.mode!r} has no MP server to supervise")
+    return MPServerSupervisor(
+        plan.server_argv, plan.env, host=plan.tiers.host, port=plan.tiers.port, max_restarts=max_restarts, **kwargs  # type: ignore[arg-type]
+    )
