@@ -67,7 +67,8 @@ def from_vllm_error(error_response: Any, *, lmi: bool = False) -> APIError:
 
 
 def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | None:
-    """vLLM's client errors (raised while validating a request) -> 422/404; others -> None."""
+    """vLLM's client errors raised by the engine side (e.g. prompt too long) -> 400/404, as vLLM's
+    own server answers; LMI-schema requests get 424. Anything else -> None."""
     try:
         from vllm.exceptions import VLLMClientError, VLLMNotFoundError
     except ImportError:
@@ -75,7 +76,12 @@ def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | 
     if isinstance(exc, VLLMNotFoundError):
         return APIError(404, str(exc), lmi=lmi)
     if isinstance(exc, VLLMClientError):
-        return APIError(424 if lmi else 422, str(exc), param=getattr(exc, "parameter", None), lmi=lmi)
+        param = getattr(exc, "parameter", None)
+        # A prompt that does not fit the context is a bad request (400, as OpenAI answers);
+        # a sampling parameter out of range is an unprocessable value (422).
+        too_long = param in ("input_tokens", "prompt") or "context length" in str(exc)
+        status = 424 if lmi else (400 if too_long or param is None else 422)
+        return APIError(status, str(exc), param=param, lmi=lmi)
     return None
 
 

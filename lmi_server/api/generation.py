@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from lmi_server.api.errors import APIError, from_vllm_error
+from lmi_server.api.errors import APIError, from_vllm_error, from_vllm_exception
 
 
 def engine_state(request: Request):
@@ -55,7 +55,15 @@ def is_error(result: Any) -> bool:
 
 async def call_serving(coro: Awaitable[Any], request: Request, *, lmi: bool = False) -> Any:
     """Await a vLLM serving call; ErrorResponse -> APIError; generators are returned as they are."""
-    result = await until_disconnect(coro, request)
+    try:
+        result = await until_disconnect(coro, request)
+    except APIError:
+        raise
+    except Exception as exc:
+        mapped = from_vllm_exception(exc, lmi=lmi)
+        if mapped is None:
+            raise
+        raise mapped from None
     if is_error(result):
         raise from_vllm_error(result, lmi=lmi)
     return result

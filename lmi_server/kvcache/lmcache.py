@@ -322,6 +322,21 @@ def process_env(hash_seed: str, telemetry: bool) -> dict[str, str]:
     return env
 
 
+def check_l1_fits_ram(l1_bytes: int, available_ram_bytes: int, platform: Platform, warnings: list[str]) -> None:
+    """The CPU tier must fit in RAM. On CPU hosts LMCache allocates it all at start-up (its lazy
+    allocator needs pinned memory), so an oversized tier fails at once or starves the engine."""
+    if l1_bytes > available_ram_bytes:
+        raise KVCacheConfigError(
+            f"max_local_cpu_size ({l1_bytes / GIB:g} GiB) exceeds the available RAM "
+            f"({available_ram_bytes / GIB:.1f} GiB); lower it"
+        )
+    if l1_bytes > 0.8 * available_ram_bytes:
+        warnings.append(
+            f"max_local_cpu_size ({l1_bytes / GIB:g} GiB) leaves less than 20 % of the available RAM "
+            f"({available_ram_bytes / GIB:.1f} GiB) for the engine{' (allocated up front on CPU hosts)' if platform == 'cpu' else ''}"
+        )
+
+
 def require_gpu_for_inprocess(platform: Platform) -> None:
     if platform != "cuda":
         raise KVCacheConfigError(
@@ -341,6 +356,7 @@ def plan_from_config_file(
     telemetry: bool = False,
     python: str | None = None,
     check_disk: bool = True,
+    available_ram_bytes: int | None = None,
 ) -> KVCachePlan:
     """`option.lmcache_config_file` → KVCachePlan (MP server argv + KVTransferConfig, or in-process)."""
     cfg = load_lmcache_config(path)
@@ -359,6 +375,8 @@ def plan_from_config_file(
     tiers, reasons, warnings = tiers_from_config(
         cfg, port=port, metrics_port=metrics_port, platform=platform, check_disk=check_disk
     )
+    if available_ram_bytes is not None:
+        check_l1_fits_ram(tiers.l1_bytes, available_ram_bytes, platform, warnings)
     reasons.insert(0, f"LMCache MP server configured from {path}" + (" (mode auto = mp)" if mode == "auto" else ""))
     return KVCachePlan(
         mode="mp",

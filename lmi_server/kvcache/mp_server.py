@@ -66,6 +66,28 @@ def _shm_segments() -> set[str]:
         return set()
 
 
+def shm_segments_used_by(pid: int) -> set[str]:
+    """Names of /dev/shm files that process `pid` has open or mapped (from /proc)."""
+    names: set[str] = set()
+    prefix = str(SHM_DIR) + "/"
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith(prefix):
+                names.add(target[len(prefix):].removesuffix(" (deleted)"))
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                idx = line.find(prefix)
+                if idx >= 0:
+                    names.add(line[idx + len(prefix):].strip().removesuffix(" (deleted)"))
+    except OSError:
+        pass
+    return {n for n in names if n and "/" not in n}
+
+
 class MPServerSupervisor:
     """Start, watch, restart and stop one LMCache MP server child process."""
 
@@ -98,6 +120,7 @@ class MPServerSupervisor:
         self._monitor: threading.Thread | None = None
         self._log_tail: collections.deque[str] = collections.deque(maxlen=log_tail_lines)
         self._shm_before: set[str] = set()
+        self._shm_used: set[str] = set()
         self.restarts = 0
         self.failed = False
 
@@ -113,8 +136,9 @@ class MPServerSupervisor:
 
     @property
     def alive(self) -> bool:
-        with self._lock:
-            return self._proc is not None and self._proc.poll() is None
+        """The server process is running (lock-free: cheap enough for a /ping handler)."""
+        proc = self._proc
+        return proc is not None and proc.poll() is None
 
     def log_tail(self, n: int = 30) -> str:
         return "\n".join(list(self._log_tail)[-n:])
@@ -169,6 +193,7 @@ class MPServerSupervisor:
             if self._stopping.is_set():
                 raise MPServerError("stopped while the LMCache MP server was starting")
             if self._probe(self._host, self._port):
+                self._shm_used |= shm_segments_used_by(proc.pid)
                 log.info("LMCache MP server ready on %s:%d (pid %d)", self._host, self._port, proc.pid)
                 return
             time.sleep(self.poll_interval_s)
@@ -182,9 +207,13 @@ class MPServerSupervisor:
 
     def _watch(self) -> None:
         backoff = 1.0
+        ticks = 0
         while not self._stopping.wait(self.poll_interval_s):
+            ticks += 1
             with self._lock:
                 proc = self._proc
+                if proc is not None and proc.poll() is None and ticks % 20 == 0:
+                    self._shm_used |= shm_segments_used_by(proc.pid)
                 if proc is None or proc.poll() is None or self._stopping.is_set():
                     continue
                 code = proc.returncode
@@ -246,12 +275,12 @@ class MPServerSupervisor:
         self._killpg(proc, signal.SIGKILL)
 
     def _remove_new_shm_segments(self) -> None:
-        """Remove /dev/shm entries that appeared while the server ran and that no process holds
-        (LMCache names its segments itself; after SIGKILL nobody else unlinks them)."""
-        for name in _shm_segments() - self._shm_before:
+        """Remove the server's /dev/shm segments: those it was seen to use, and new ones named
+        like LMCache's L1 pool (`lmcache_l1_pool_*`). After SIGKILL nobody else unlinks them.
+        Other processes' segments (e.g. vLLM's own `psm_*`) are left alone."""
+        new = _shm_segments() - self._shm_before
+        for name in (self._shm_used & _shm_segments()) | {n for n in new if n.startswith("lmcache")}:
             path = SHM_DIR / name
-            if not name.startswith("lmcache"):  # LMCache's L1 pool: lmcache_l1_pool_<pid|name>
-                continue
             try:
                 if path.is_file():
                     path.unlink()

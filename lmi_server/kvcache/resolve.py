@@ -63,6 +63,7 @@ def build_kvcache_plan(
             telemetry=options.lmcache_telemetry,
             python=python,
             check_disk=check_disk,
+            available_ram_bytes=host.available_ram_bytes,
         )
     if options.lmcache_auto_config:
         if engine is None or model_config is None:

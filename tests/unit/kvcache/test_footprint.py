@@ -1,5 +1,5 @@
 import pytest
-from kv_model_configs import DEEPSEEK_V2_LITE, GEMMA2_9B, LLAMA31_8B, QWEN25_1_5B, QWEN25_72B
+from tests.unit.kvcache.kv_model_configs import DEEPSEEK_V2_LITE, GEMMA2_9B, LLAMA31_8B, QWEN25_1_5B, QWEN25_72B
 
 from lmi_server.kvcache.footprint import ModelConfigError, kv_footprint
 

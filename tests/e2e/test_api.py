@@ -1,0 +1,237 @@
+"""End to end through real HTTP against the real server and vLLM engine on the demo model."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+PROMPT = "def parse_args(argv):\n    "
+
+
+def post(server, path, body=None, *, content=None, headers=None, timeout=120):
+    return httpx.post(server.base_url + path, json=body, content=content, headers=headers, timeout=timeout)
+
+
+def assert_healthy(server):
+    r = post(server, "/invocations", {"inputs": "import os", "parameters": {"max_new_tokens": 2}})
+    assert r.status_code == 200, r.text
+    assert isinstance(r.json()["generated_text"], str)
+
+
+# ---------------------------------------------------------------- /ping and /v1/models
+
+
+def test_ping_answered_503_while_loading_then_200(server):
+    assert 503 in server.ping_history, server.ping_history
+    assert server.ping_history[-1] == 200
+    assert httpx.get(server.base_url + "/ping").status_code == 200
+
+
+def test_models_lists_the_served_name(openai_client):
+    ids = [m.id for m in openai_client.models.list().data]
+    assert ids == ["lmi-demo"]
+
+
+# ---------------------------------------------------------------- OpenAI API with the official client
+
+
+def test_chat_completion_with_openai_client(openai_client):
+    resp = openai_client.chat.completions.create(
+        model="lmi-demo", messages=[{"role": "user", "content": "Write a loop"}], max_tokens=8, temperature=0
+    )
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.usage.completion_tokens == 8 or resp.choices[0].finish_reason == "stop"
+    assert resp.usage.prompt_tokens > 0
+
+
+def test_chat_streaming_with_openai_client(openai_client):
+    stream = openai_client.chat.completions.create(
+        model="lmi-demo",
+        messages=[{"role": "user", "content": "Write a loop"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = [c.usage for c in chunks if c.usage]
+    assert text
+    assert usage and usage[-1].completion_tokens >= 1
+    full = openai_client.chat.completions.create(
+        model="lmi-demo", messages=[{"role": "user", "content": "Write a loop"}], max_tokens=8, temperature=0
+    )
+    assert full.choices[0].message.content == text
+
+
+def test_completion_and_streaming_agree(openai_client):
+    full = openai_client.completions.create(model="lmi-demo", prompt=PROMPT, max_tokens=12, temperature=0)
+    streamed = "".join(c.choices[0].text for c in openai_client.completions.create(
+        model="lmi-demo", prompt=PROMPT, max_tokens=12, temperature=0, stream=True) if c.choices)
+    assert full.choices[0].text == streamed
+    assert full.usage.prompt_tokens > 0 and full.usage.completion_tokens <= 12
+
+
+def test_usage_reports_prompt_tokens_details(server):
+    r = post(server, "/v1/completions", {"model": "lmi-demo", "prompt": PROMPT * 40, "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert "cached_tokens" in r.json()["usage"]["prompt_tokens_details"]
+
+
+# ---------------------------------------------------------------- /invocations: three schemas
+
+
+def test_invocations_lmi_schema_matches_openai_greedy(server):
+    lmi = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 12, "do_sample": False}})
+    assert lmi.status_code == 200, lmi.text
+    oai = post(server, "/v1/completions", {"model": "lmi-demo", "prompt": PROMPT, "max_tokens": 12, "temperature": 0})
+    assert lmi.json() == {"generated_text": oai.json()["choices"][0]["text"]}
+
+
+def test_invocations_lmi_details_and_full_text(server):
+    r = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 6, "details": True, "return_full_text": True, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["generated_text"].startswith(PROMPT)
+    details = body["details"]
+    assert details["generated_tokens"] == 6 and details["finish_reason"] == "length"
+    assert len(details["tokens"]) == 6
+    assert all(isinstance(t["id"], int) and t["log_prob"] <= 0 for t in details["tokens"])
+    assert PROMPT + "".join(t["text"] for t in details["tokens"]) == body["generated_text"]
+
+
+def test_invocations_lmi_list_of_inputs(server):
+    r = post(server, "/invocations", {"inputs": ["import os", "class A:"], "parameters": {"max_new_tokens": 3}})
+    assert r.status_code == 200, r.text
+    assert isinstance(r.json(), list) and len(r.json()) == 2
+    assert all("generated_text" in item for item in r.json())
+
+
+def test_invocations_lmi_seeded_sampling_is_reproducible(server):
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 10, "do_sample": True, "temperature": 0.9, "seed": 42}}
+    a, b = post(server, "/invocations", body).json(), post(server, "/invocations", body).json()
+    assert a == b
+
+
+def test_invocations_lmi_streams_jsonlines(server):
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "ignore_eos": True}, "stream": True}
+    with httpx.stream("POST", server.base_url + "/invocations", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/jsonlines")
+        lines = [json.loads(line) for line in r.iter_lines() if line.strip()]
+    tokens = [line["token"] for line in lines[:-1]]
+    assert len(tokens) == 8 and all(isinstance(t["id"], int) for t in tokens)
+    assert lines[-1]["generated_text"] == "".join(t["text"] for t in tokens)
+    full = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "ignore_eos": True}}).json()
+    assert full["generated_text"] == lines[-1]["generated_text"]
+
+
+def test_invocations_chat_schema(server):
+    r = post(server, "/invocations", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "chat.completion"
+
+
+def test_invocations_chat_schema_streams_openai_chunks(server):
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", server.base_url + "/invocations", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
+def test_invocations_completion_schema(server):
+    r = post(server, "/invocations", {"prompt": "import sys", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "text_completion"
+
+
+# ---------------------------------------------------------------- bad input, each followed by a good request
+
+
+@pytest.mark.parametrize(
+    "path,kwargs,status,needle",
+    [
+        ("/invocations", {"content": b'{"inputs": "x",'}, 400, "not valid JSON"),
+        ("/invocations", {"content": b""}, 400, "empty"),
+        ("/invocations", {"body": [1, 2]}, 400, "JSON object"),
+        ("/invocations", {"body": {"question": "hi"}}, 400, "none of the accepted schemas"),
+        ("/invocations", {"body": {"inputs": "x", "parameters": {"max_new_tokens": "many"}}}, 424, "max_new_tokens"),
+        ("/invocations", {"body": {"inputs": "x", "parameters": {"temprature": 0.5}}}, 424, "temprature"),
+        ("/invocations", {"body": {"inputs": "x", "parameters": {"top_p": 3}}}, 424, "top_p"),
+        ("/invocations", {"body": {"inputs": "word " * 5000, "parameters": {"max_new_tokens": 4}}}, 424, "context length"),
+        ("/invocations", {"body": {"messages": "not a list"}}, 422, "messages"),
+        ("/v1/chat/completions", {"body": {"model": "lmi-demo", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}}, 422, "temperature"),
+        ("/v1/completions", {"body": {"model": "lmi-demo", "prompt": "x", "max_tokens": -3}}, 422, "max_tokens"),
+        ("/v1/completions", {"body": {"model": "lmi-demo", "prompt": "word " * 5000, "max_tokens": 4}}, 400, "context length"),
+        ("/v1/completions", {"body": {"model": "no-such-model", "prompt": "x"}}, 404, "no-such-model"),
+        ("/v1/chat/completions", {"content": b"{" + b" " * 300000 + b"}"}, 413, "exceeds the limit"),
+        ("/invocations", {"content": b"x" * 300000}, 413, "exceeds the limit"),
+    ],
+)
+def test_bad_input_gets_clear_error_then_server_still_serves(server, path, kwargs, status, needle):
+    body = kwargs.get("body")
+    content = kwargs.get("content")
+    r = post(server, path, body, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    payload = r.json()
+    message = payload["error"] if isinstance(payload["error"], str) else payload["error"]["message"]
+    assert needle.lower() in message.lower(), message
+    assert_healthy(server)
+
+
+# ---------------------------------------------------------------- metrics and disconnects
+
+
+def metric_value(text: str, name: str, **labels) -> float | None:
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+def test_metrics_has_engine_and_server_series(server, openai_client):
+    openai_client.completions.create(model="lmi-demo", prompt="x = 1", max_tokens=3, stream=True).close()
+    list(openai_client.completions.create(model="lmi-demo", prompt="x = 1", max_tokens=3, stream=True))
+    text = httpx.get(server.base_url + "/metrics").text
+    assert metric_value(text, "lmi_requests_total", route="/v1/completions", status="200") >= 1
+    assert metric_value(text, "lmi_request_latency_seconds_count", route="/v1/completions") >= 1
+    assert metric_value(text, "lmi_time_to_first_token_seconds_count", route="/v1/completions") >= 1
+    assert metric_value(text, "vllm:prompt_tokens_total") > 0
+    assert metric_value(text, "vllm:time_to_first_token_seconds_count") > 0
+
+
+def test_client_disconnect_mid_stream_aborts_generation(server):
+    def metrics() -> str:
+        return httpx.get(server.base_url + "/metrics").text
+
+    def generated() -> float:
+        return metric_value(metrics(), "vllm:generation_tokens_total") or 0.0
+
+    before = generated()
+    body = {"model": "lmi-demo", "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                seen += 1
+            if seen >= 3:
+                break
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (metric_value(metrics(), "vllm:num_requests_running") or 0) > 0:
+        time.sleep(0.25)
+    assert (metric_value(metrics(), "vllm:num_requests_running") or 0) == 0
+    settled = generated()
+    time.sleep(2)
+    assert generated() == settled, "the engine kept generating after the client left"
+    assert settled - before < 3000, "the request ran to completion instead of being aborted"
+    assert_healthy(server)

@@ -1,0 +1,212 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from lmi_server.kvcache.host import GIB, HostFacts, GPUInfo
+from lmi_server.kvcache.lmcache import load_lmcache_config, parse_lmcache_config, plan_from_config_file
+from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.kvcache.plan import KVCacheConfigError
+from lmi_server.kvcache.resolve import build_kvcache_plan
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[3]
+CONFIGS = REPO / "lmcache_configs"
+CPU_HOST = HostFacts(available_ram_bytes=20 * GIB, total_ram_bytes=24 * GIB)
+GPU_HOST = HostFacts(available_ram_bytes=900 * GIB, total_ram_bytes=1024 * GIB, gpu=GPUInfo(8, 80 * GIB))
+
+
+def file_plan(path, *, platform="cpu", mode="auto", check_disk=False):
+    return plan_from_config_file(path, mode=mode, platform=platform, port=5555, metrics_port=5556, python="python", check_disk=check_disk)
+
+
+def write(tmp_path, text):
+    p = tmp_path / "lmcache.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_cpu_only_file_gives_the_verified_recipe():
+    p = file_plan(CONFIGS / "cpu.yaml")
+    assert p.server_argv == [
+        "python", "-m", "lmcache.v1.multiprocess.server",
+        "--host", "localhost", "--port", "5555", "--chunk-size", "256",
+        "--l1-size-gb", "20", "--eviction-policy", "LRU",
+        "--supported-transfer-mode", "engine_driven", "--prometheus-port", "5556",
+    ]
+    assert p.kv_transfer_config == {
+        "kv_connector": "LMCacheMPConnector",
+        "kv_role": "kv_both",
+        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
+        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": 5555},
+    }
+    assert p.env == {"PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
+    assert p.metrics_url == "http://127.0.0.1:5556/metrics"
+
+
+def test_cuda_uses_lmcache_driven():
+    p = file_plan(CONFIGS / "cpu.yaml", platform="cuda")
+    assert p.server_argv[p.server_argv.index("--supported-transfer-mode") + 1] == "lmcache_driven"
+
+
+def test_nvme_file_translates_to_fs_adapter():
+    p = file_plan(CONFIGS / "cpu_nvme.yaml")
+    spec = json.loads(p.server_argv[p.server_argv.index("--l2-adapter") + 1])
+    assert spec == {"type": "fs", "base_path": "/mnt/nvme/lmcache", "use_odirect": True}
+    assert p.tiers.disk.size_bytes == 200 * GIB
+
+
+def test_redis_file_translates_to_resp_adapter():
+    p = file_plan(CONFIGS / "cpu_redis.yaml")
+    spec = json.loads(p.server_argv[p.server_argv.index("--l2-adapter") + 1])
+    assert spec == {"type": "resp", "host": "lmcache-redis", "port": 6379}
+
+
+def test_redis_password_is_passed_but_redacted_in_json(tmp_path):
+    p = file_plan(write(tmp_path, "remote_url: redis://user:s3cret@r:6380\n"))
+    spec = json.loads(p.server_argv[-1])
+    assert spec["password"] == "s3cret" and spec["username"] == "user"
+    assert "s3cret" not in p.to_json()
+
+
+def test_disk_and_remote_both(tmp_path):
+    p = file_plan(write(tmp_path, "local_disk: /data/kv\nremote_url: valkey://v:6379\n"))
+    specs = [json.loads(p.server_argv[i + 1]) for i, a in enumerate(p.server_argv) if a == "--l2-adapter"]
+    assert [s["type"] for s in specs] == ["fs", "resp"]
+    assert specs[0]["use_odirect"] is False
+
+
+def test_mp_port_key_sets_the_port(tmp_path):
+    p = file_plan(write(tmp_path, "mp_port: 6000\nmax_local_cpu_size: 0.5\n"))
+    assert p.tiers.port == 6000
+    assert p.kv_transfer_config["kv_connector_extra_config"]["lmcache.mp.port"] == 6000
+    assert p.server_argv[p.server_argv.index("--l1-size-gb") + 1] == "0.5"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("chunk_sise: 256\n", "unknown key `chunk_sise`; did you mean `chunk_size`?"),
+        ("extra_config:\n  use_odirekt: true\n", "did you mean `use_odirect`?"),
+        ("enable_pd: true\n", "`enable_pd` is an LMCache key that the MP server translation does not support"),
+        ("max_local_cpu_size: -1\n", "`max_local_cpu_size`"),
+        ("chunk_size: many\n", "`chunk_size`"),
+        ("cache_policy: FIFO\n", "`cache_policy`"),
+        ("remote_url: rediss://h:1\n", "`remote_url`"),
+        ("remote_url: redis://hostonly\n", "needs host and port"),
+        ("remote_serde: cachegen\n", "`remote_serde`"),
+        ("local_disk: /a,/b\n", "one local disk path"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path, text, needle):
+    with pytest.raises(KVCacheConfigError) as e:
+        load_lmcache_config(write(tmp_path, text))
+    assert needle in str(e.value)
+
+
+def test_relative_local_disk_is_rejected(tmp_path):
+    with pytest.raises(KVCacheConfigError, match="absolute path"):
+        file_plan(write(tmp_path, "local_disk: data/kv\n"))
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(KVCacheConfigError, match="cannot read"):
+        load_lmcache_config(tmp_path / "nope.yaml")
+
+
+def test_empty_file_means_lmcache_defaults():
+    cfg = parse_lmcache_config(None)
+    assert (cfg.chunk_size, cfg.max_local_cpu_size, cfg.cache_policy) == (256, 5.0, "LRU")
+
+
+def test_inprocess_needs_gpu_and_points_lmcache_at_the_file():
+    with pytest.raises(KVCacheConfigError, match="needs a GPU"):
+        file_plan(CONFIGS / "cpu.yaml", mode="inprocess")
+    p = file_plan(CONFIGS / "cpu.yaml", mode="inprocess", platform="cuda")
+    assert p.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    assert p.env["LMCACHE_CONFIG_FILE"] == str((CONFIGS / "cpu.yaml").resolve())
+    assert p.server_argv is None
+
+
+def _refuse_odirect(monkeypatch):
+    """tmpfs accepts O_DIRECT since Linux 6.6 (this machine runs 6.18), so refusal is simulated
+    the way older tmpfs and some network filesystems answer: EINVAL on open(O_DIRECT)."""
+    import errno
+
+    from lmi_server.kvcache import host
+
+    real_open = os.open
+
+    def fake_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(host.os, "open", fake_open)
+
+
+def test_local_disk_checks_run_and_odirect_falls_back_when_refused(tmp_path, monkeypatch):
+    _refuse_odirect(monkeypatch)
+    shm_dir = Path("/dev/shm") / f"lmi-test-{os.getpid()}"
+    try:
+        p = file_plan(write(tmp_path, f"local_disk: file://{shm_dir}/\nextra_config:\n  use_odirect: true\n"), check_disk=True)
+        assert shm_dir.is_dir()  # created
+        spec = json.loads(p.server_argv[p.server_argv.index("--l2-adapter") + 1])
+        assert spec["use_odirect"] is False
+        assert any("O_DIRECT refused" in w and "tmpfs" in w for w in p.warnings)
+    finally:
+        if shm_dir.exists():
+            shm_dir.rmdir()
+
+
+def test_odirect_kept_where_the_filesystem_accepts_it(tmp_path):
+    from lmi_server.kvcache.host import odirect_supported
+
+    p = file_plan(write(tmp_path, f"local_disk: {tmp_path}/kv\nextra_config:\n  use_odirect: true\n"), check_disk=True)
+    spec = json.loads(p.server_argv[p.server_argv.index("--l2-adapter") + 1])
+    assert spec["use_odirect"] is odirect_supported(tmp_path / "kv")
+    assert list((tmp_path / "kv").iterdir()) == []  # probes cleaned up
+
+
+def test_uncreatable_disk_dir_is_a_startup_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(KVCacheConfigError, match="local_disk: cannot create"):
+        file_plan(write(tmp_path, f"local_disk: {blocker}/sub\n"), check_disk=True)
+
+
+def test_resolve_picks_file_relative_to_model_dir_and_free_ports(tmp_path):
+    (tmp_path / "lmcache.yaml").write_text("max_local_cpu_size: 1\n")
+    p = build_kvcache_plan(LMCacheOptions(lmcache_config_file=Path("lmcache.yaml")), host=CPU_HOST, model_dir=tmp_path)
+    assert p.mode == "mp" and p.tiers.port != p.tiers.metrics_port
+    assert p.tiers.port > 0
+
+
+def test_resolve_rejects_file_plus_auto_and_reports_off():
+    with pytest.raises(KVCacheConfigError, match="exclude each other"):
+        build_kvcache_plan(LMCacheOptions(lmcache_config_file=Path("/x.yaml"), lmcache_auto_config=True), host=CPU_HOST)
+    off = build_kvcache_plan(LMCacheOptions(), host=CPU_HOST)
+    assert off.mode is None and off.source == "none" and off.env["LMCACHE_TRACK_USAGE"] == "false"
+
+
+def test_telemetry_can_be_allowed():
+    off = build_kvcache_plan(LMCacheOptions(lmcache_telemetry=True, lmcache_hash_seed="42"), host=CPU_HOST)
+    assert off.env == {"PYTHONHASHSEED": "42"}
+
+
+def test_hash_seed_random_is_refused():
+    with pytest.raises(ValueError):
+        LMCacheOptions(lmcache_hash_seed="random")
+
+
+def test_cpu_tier_must_fit_ram(tmp_path):
+    small = HostFacts(available_ram_bytes=16 * GIB, total_ram_bytes=24 * GIB)
+    with pytest.raises(KVCacheConfigError, match="exceeds the available RAM"):
+        build_kvcache_plan(LMCacheOptions(lmcache_config_file=CONFIGS / "cpu.yaml"), host=small)
+    (tmp_path / "l.yaml").write_text("max_local_cpu_size: 14\n")
+    p = build_kvcache_plan(LMCacheOptions(lmcache_config_file=tmp_path / "l.yaml"), host=small)
+    assert any("less than 20 %" in w for w in p.warnings)
