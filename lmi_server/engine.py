@@ -97,9 +97,10 @@ class EngineState:
 class EngineOwner:
     """Starts the engine in the background (so /ping can answer 503 meanwhile) and stops it."""
 
-    def __init__(self, cfg: ServingConfig, engine_args: dict[str, Any]):
+    def __init__(self, cfg: ServingConfig, engine_args: dict[str, Any], cache_server: Any = None):
         self.cfg = cfg
         self.engine_args = engine_args
+        self.cache_server = cache_server  # LMCache MP server supervisor, started before the engine
         self.state = EngineState()
         self._stack = contextlib.AsyncExitStack()
         self._task: asyncio.Task | None = None
@@ -132,6 +133,9 @@ class EngineOwner:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if self.cache_server is not None:
+            await self.cache_server.start_async()
+            log.info("LMCache cache server ready on port %s", self.cache_server.port)
         args = build_vllm_namespace(self.engine_args)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
@@ -161,3 +165,5 @@ class EngineOwner:
             await self._stack.aclose()
         finally:
             self.state.status = "stopped"
+            if self.cache_server is not None:
+                await self.cache_server.stop_async()

@@ -13,6 +13,7 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 ROUTES = {
     "/invocations", "/ping", "/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics",
@@ -83,3 +84,59 @@ class MetricsMiddleware:
         finally:
             REQUESTS.labels(route, str(status["code"])).inc()
             LATENCY.labels(route).observe(time.perf_counter() - start)
+
+
+class LMCacheCollector:
+    """Scrapes the LMCache MP server's own counters at /metrics time and re-exports them."""
+
+    def __init__(self, plan, supervisor):
+        self.plan = plan
+        self.supervisor = supervisor
+
+    def collect(self):
+        from lmi_server.kvcache.stats import read_lmcache_stats
+
+        restarts = CounterMetricFamily("lmi_lmcache_server_restarts", "Times the LMCache cache server was restarted")
+        restarts.add_metric([], float(getattr(self.supervisor, "restarts", 0)))
+        yield restarts
+        up = GaugeMetricFamily("lmi_lmcache_server_up", "1 while the LMCache cache server process is alive")
+        up.add_metric([], 1.0 if self.supervisor is not None and self.supervisor.alive else 0.0)
+        yield up
+        if not self.plan.metrics_url:
+            return
+        try:
+            stats = read_lmcache_stats(self.plan.metrics_url, timeout_s=1.0)
+        except OSError:
+            return  # server restarting: the series reappear on the next scrape
+        for key, help_text in (
+            ("lookup_requested_tokens", "Prompt tokens looked up in LMCache"),
+            ("lookup_hit_tokens", "Prompt tokens found in LMCache (any tier)"),
+            ("lookup_hit_l1_tokens", "Prompt tokens found in the CPU RAM tier"),
+            ("lookup_hit_l2_tokens", "Prompt tokens found in a second tier (disk/remote)"),
+            ("l1_written_chunks", "Chunks written to the CPU RAM tier"),
+            ("l2_stored_chunks", "Chunks stored in second tiers"),
+        ):
+            family = CounterMetricFamily(f"lmi_lmcache_{key}", help_text)
+            family.add_metric([], float(stats.get(key, 0.0)))
+            yield family
+        hit_rate = GaugeMetricFamily("lmi_lmcache_hit_rate", "Hit tokens / requested tokens since start")
+        hit_rate.add_metric([], float(stats.get("hit_rate", 0.0)))
+        yield hit_rate
+        stored = GaugeMetricFamily("lmi_lmcache_stored_bytes", "KV bytes held per tier", labels=["tier"])
+        stored.add_metric(["cpu"], float(stats.get("l1_bytes", 0.0)))
+        for name, value in dict(stats.get("l2_bytes_by_adapter") or {}).items():
+            stored.add_metric([str(name)], float(value))
+        yield stored
+
+
+def register_lmcache_collector(plan, supervisor):
+    if plan is None or plan.mode != "mp":
+        return None
+    collector = LMCacheCollector(plan, supervisor)
+    REGISTRY.register(collector)
+    return collector
+
+
+def unregister_collector(collector) -> None:
+    if collector is not None:
+        REGISTRY.unregister(collector)

@@ -6,12 +6,15 @@ Kept apart from config/ so that config stays pure (no file building, no environm
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from lmi_server.config.schema import ServingConfig
+from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import engine_environment
+from lmi_server.kvcache.plan import KVCachePlan
 
 
 @dataclass
@@ -19,6 +22,7 @@ class Runtime:
     cfg: ServingConfig
     engine_args: dict[str, Any]
     env: dict[str, str]
+    kv_plan: KVCachePlan | None = None
     notes: list[str] = field(default_factory=list)
 
     def apply_environment(self) -> None:
@@ -33,6 +37,7 @@ class Runtime:
             "environment": self.env,
             "server": self.cfg.server.model_dump(mode="json"),
             "lmcache": self.cfg.lmcache.model_dump(mode="json"),
+            "lmcache_plan": self.kv_plan.to_dict() if self.kv_plan else None,
             "speculative": self.cfg.speculative.model_dump(mode="json"),
             "adapters": self.cfg.adapters.model_dump(mode="json"),
             "sessions": self.cfg.sessions.model_dump(mode="json"),
@@ -52,4 +57,52 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
         if build_demo:
             engine_args["model"] = str(ensure_demo_model())
         notes.append("no model configured: serving the embedded demo model")
-    return Runtime(cfg=cfg, engine_args=engine_args, env=engine_environment(cfg), notes=notes)
+    env = engine_environment(cfg)
+    kv_plan = plan_kv_cache(cfg, engine_args)
+    if kv_plan.kv_transfer_config is not None:
+        engine_args["kv_transfer_config"] = kv_plan.kv_transfer_config
+    env.update(kv_plan.env)
+    return Runtime(cfg=cfg, engine_args=engine_args, env=env, kv_plan=kv_plan, notes=notes)
+
+
+def _model_config(model_path: str) -> tuple[Path | None, dict[str, Any] | None]:
+    path = Path(model_path)
+    if (path / "config.json").is_file():
+        return path, json.loads((path / "config.json").read_text())
+    return None, None
+
+
+def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePlan:
+    """The LMCache plan (file, auto, or off); any problem is a start-up error naming the key."""
+    from lmi_server.kvcache.host import GIB, CacheDirError, probe_host
+    from lmi_server.kvcache.plan import KVCacheConfigError
+    from lmi_server.kvcache.planner import EngineFacts
+    from lmi_server.kvcache.resolve import build_kvcache_plan
+
+    opts = cfg.lmcache
+    model_path, model_config = _model_config(str(engine_args["model"]))
+    try:
+        host = probe_host(
+            model_dir=model_path,
+            cache_dir=opts.lmcache_cache_dir,
+            tensor_parallel=int(engine_args.get("tensor_parallel_size") or 1),
+        )
+        engine = None
+        if opts.lmcache_auto_config:
+            if model_config is None:
+                raise KVCacheConfigError(
+                    "option.lmcache_auto_config needs the model's config.json locally; "
+                    "use option.lmcache_config_file for hub models"
+                )
+            max_len = engine_args.get("max_model_len") or model_config.get("max_position_embeddings") or 4096
+            kv_bytes = cfg.server.cpu_kv_cache_space * GIB if cfg.server.cpu_kv_cache_space else None
+            engine = EngineFacts(
+                max_num_seqs=int(engine_args.get("max_num_seqs") or 256),
+                max_model_len=int(max_len),
+                gpu_memory_utilization=float(engine_args.get("gpu_memory_utilization") or 0.9),
+                engine_kv_cache_bytes=kv_bytes or engine_args.get("kv_cache_memory_bytes"),
+                kv_cache_dtype=engine_args.get("kv_cache_dtype"),
+            )
+        return build_kvcache_plan(opts, host=host, engine=engine, model_config=model_config, model_dir=cfg.model_dir)
+    except (KVCacheConfigError, CacheDirError) as exc:
+        raise ConfigError([str(exc)]) from exc

@@ -13,7 +13,7 @@ from lmi_server.api import sagemaker
 from lmi_server.api.errors import install_error_handlers
 from lmi_server.config.schema import ServingConfig
 from lmi_server.engine import EngineOwner
-from lmi_server.metrics import MetricsMiddleware
+from lmi_server.metrics import MetricsMiddleware, register_lmcache_collector, unregister_collector
 from lmi_server.metrics import router as metrics_router
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,17 @@ def create_app(
     runtime: Any = None,
     start_engine: bool = True,
 ) -> FastAPI:
-    owner = EngineOwner(cfg, engine_args if engine_args is not None else dict(cfg.engine_args))
+    cache_server = None
+    kv_plan = getattr(runtime, "kv_plan", None)
+    if kv_plan is not None and kv_plan.mode == "mp":
+        from lmi_server.kvcache.mp_server import supervisor_for_plan
+
+        cache_server = supervisor_for_plan(kv_plan, max_restarts=cfg.lmcache.lmcache_max_restarts)
+    owner = EngineOwner(cfg, engine_args if engine_args is not None else dict(cfg.engine_args), cache_server)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        collector = register_lmcache_collector(kv_plan, cache_server)
         if start_engine:
             owner.start_background()
         try:
@@ -50,6 +57,7 @@ def create_app(
         finally:
             log.info("shutting down: stopping the engine")
             await owner.stop()
+            unregister_collector(collector)
 
     app = FastAPI(title="lmi_server", lifespan=lifespan)
     app.state.config = cfg

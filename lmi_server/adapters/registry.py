@@ -1,0 +1,383 @@
+"""The lazy LoRA registry: register now (no weights), load on first use, keep the LRU resident.
+
+Life of an adapter:
+  registered   directory validated (config, safetensors header, shapes against the base model),
+               model.py imported; no weights read. `discover()` does this for every
+               sub-directory of the adapters root at start-up.
+  resident     first request: weights loaded into vLLM by vLLM's own
+               `OpenAIServingModels.load_lora_adapter` (a `LoRARequest` the engine caches).
+               One asyncio.Lock per name, so concurrent first requests load once.
+  evicted      more resident adapters than vLLM keeps (`max_cpu_loras`, default `max_loras`):
+               the least recently used idle, unpinned one is removed from the engine
+               (`remove_lora`) and reloaded transparently on its next request.
+  deleted      DELETE: new requests get 404 at once; requests in flight keep their lease and
+               finish; the engine copy is removed when the last one ends.
+
+The registry never talks to vLLM directly: a `LoRABackend` does (the vLLM one is below; unit
+tests use a fake), so the LRU and lock logic is testable without an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from prometheus_client import Counter, Gauge
+
+from lmi_server.adapters.formatters import FormatterError, Formatters, load_formatters
+from lmi_server.adapters.validation import (
+    AdapterInvalid,
+    AdapterSpec,
+    BaseModelInfo,
+    has_adapter_files,
+    inspect_adapter,
+    validate_name,
+)
+
+log = logging.getLogger(__name__)
+
+ADAPTER_LOADS = Counter("lmi_adapter_loads", "LoRA adapter weight loads into the engine (first use and reloads)", ["adapter"])
+ADAPTER_EVICTIONS = Counter("lmi_adapter_evictions", "LoRA adapters evicted from the engine (least recently used)", ["adapter"])
+ADAPTERS_RESIDENT = Gauge("lmi_adapters_resident", "LoRA adapters whose weights are loaded in the engine")
+ADAPTERS_REGISTERED = Gauge("lmi_adapters_registered", "LoRA adapters registered (weights not necessarily loaded)")
+
+
+class AdapterNotFound(LookupError):
+    def __init__(self, name: str, known: list[str] | None = None):
+        self.name = name
+        hint = ""
+        if known is not None:
+            shown = ", ".join(sorted(known)[:10]) + (", ..." if len(known) > 10 else "")
+            hint = f"; registered adapters: {shown}" if known else "; no adapters are registered"
+        super().__init__(f"adapter {name!r} not found{hint}")
+
+
+class AdapterUnavailable(RuntimeError):
+    """Registered-but-broken (failed registration) or failed to load: the dependency failed (424)."""
+
+
+class AdapterConflict(ValueError):
+    pass
+
+
+class LoRABackend(Protocol):
+    def is_base_model(self, name: str) -> bool: ...
+    def base_names(self) -> list[str]: ...
+    async def load(self, name: str, path: Path) -> Any: ...  # -> handle (LoRARequest)
+    async def unload(self, name: str, handle: Any) -> None: ...
+    async def pin(self, handle: Any) -> None: ...
+
+
+@dataclass
+class AdapterEntry:
+    spec: AdapterSpec
+    formatters: Formatters
+    pinned: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    handle: Any = None  # vLLM LoRARequest while resident
+    in_flight: int = 0
+    loads: int = 0
+    last_used: float | None = None
+    deleted: bool = False
+    registered_at: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def resident(self) -> bool:
+        return self.handle is not None
+
+    def describe(self) -> dict[str, Any]:
+        s = self.spec
+        return {
+            "name": s.name,
+            "src": str(s.path),
+            "status": "loaded" if self.resident else "registered",
+            "pinned": self.pinned,
+            "rank": s.rank,
+            "lora_alpha": s.alpha,
+            "target_modules": s.target_modules,
+            "base_model": s.base_model,
+            "input_formatter": self.formatters.input is not None,
+            "output_formatter": self.formatters.output is not None,
+            "weight_bytes": s.weight_bytes,
+            "loads": self.loads,
+            "in_flight": self.in_flight,
+            "last_used": self.last_used,
+        }
+
+
+@dataclass
+class Lease:
+    entry: AdapterEntry
+    released: bool = False
+
+
+class AdapterRegistry:
+    def __init__(
+        self,
+        backend: LoRABackend,
+        *,
+        root: Path | None,
+        allowed_roots: list[Path] | None = None,
+        max_rank: int | None = None,
+        capacity: int = 1,
+        base: BaseModelInfo | None = None,
+    ):
+        self.backend = backend
+        self.root = root
+        self.allowed_roots = [p.resolve() for p in (allowed_roots if allowed_roots is not None else ([root] if root else []))]
+        self.max_rank = max_rank
+        self.capacity = max(1, capacity)
+        self.base = base
+        self.adapters: dict[str, AdapterEntry] = {}
+        self.failed: dict[str, str] = {}
+        self._lru: OrderedDict[str, AdapterEntry] = OrderedDict()  # resident, least recent first
+        self._residency = asyncio.Lock()
+        self._draining: set[AdapterEntry] = set()
+
+    # ------------------------------------------------------------------ registration (sync, no weights)
+
+    def discover(self) -> tuple[list[str], dict[str, str]]:
+        """Register every sub-directory of the root holding adapter files. Returns (ok, failed)."""
+        ok: list[str] = []
+        if self.root is None or not self.root.is_dir():
+            log.info("adapters: no adapter directory at %s", self.root)
+            return ok, {}
+        start = time.perf_counter()
+        for child in sorted(self.root.iterdir(), key=lambda p: p.name):
+            if not child.is_dir() or not has_adapter_files(child):
+                continue
+            try:
+                self.register(child.name, child)
+                ok.append(child.name)
+            except (AdapterInvalid, FormatterError, AdapterConflict) as exc:
+                self.failed[child.name] = str(exc)
+                log.error("adapters: %s", exc)
+        log.info(
+            "adapters: registered %d from %s in %.3f s (%d failed)",
+            len(ok), self.root, time.perf_counter() - start, len(self.failed),
+        )
+        return ok, dict(self.failed)
+
+    def resolve_src(self, src: str) -> Path:
+        """A local directory inside an allowed root (symlinks resolved), else AdapterInvalid."""
+        if not isinstance(src, str) or not src.strip():
+            raise AdapterInvalid("src must be a local directory path")
+        if "://" in src:
+            raise AdapterInvalid(f"src {src!r}: only local directories are accepted (no URLs)")
+        if not self.allowed_roots:
+            raise AdapterInvalid("no adapter root is configured (option.adapters_path); cannot register from src")
+        path = Path(src).expanduser()
+        if not path.is_absolute():
+            path = self.allowed_roots[0] / path
+        real = path.resolve()
+        if not any(real == root or real.is_relative_to(root) for root in self.allowed_roots):
+            roots = ", ".join(str(r) for r in self.allowed_roots)
+            raise AdapterInvalid(f"src {src!r} is outside the allowed adapter root ({roots})")
+        if not real.is_dir():
+            raise AdapterInvalid(f"src {src!r} is not a directory")
+        return real
+
+    def register(self, name: str, path: Path, *, pin: bool = False) -> AdapterEntry:
+        """Validate and register; on any failure nothing is registered (all-or-nothing)."""
+        validate_name(name)
+        if name in self.adapters:
+            raise AdapterConflict(f"adapter {name!r} is already registered; DELETE it first")
+        if self.backend.is_base_model(name):
+            raise AdapterInvalid(f"adapter name {name!r} is the base model's name; choose another")
+        spec = inspect_adapter(name, path, max_rank=self.max_rank, base=self.base)
+        formatters = load_formatters(name, path)
+        entry = AdapterEntry(spec=spec, formatters=formatters, pinned=pin)
+        self.adapters[name] = entry  # the one mutation: only after everything succeeded
+        self.failed.pop(name, None)
+        ADAPTERS_REGISTERED.set(len(self.adapters))
+        return entry
+
+    def get(self, name: str) -> AdapterEntry:
+        entry = self.adapters.get(name)
+        if entry is not None:
+            return entry
+        if name in self.failed:
+            raise AdapterUnavailable(f"adapter {name!r} failed to register: {self.failed[name]}")
+        raise AdapterNotFound(name, list(self.adapters))
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [e.describe() for e in sorted(self.adapters.values(), key=lambda e: e.name)]
+
+    # ------------------------------------------------------------------ loading and leases
+
+    async def acquire(self, name: str) -> Lease:
+        """Ensure the adapter is resident and count one request in flight on it."""
+        entry = self.get(name)
+        async with entry.lock:
+            if entry.deleted:
+                raise AdapterNotFound(name, list(self.adapters))
+            if not entry.resident:
+                await self._load(entry)
+            entry.in_flight += 1
+            entry.last_used = time.time()
+            if entry.name in self._lru:
+                self._lru.move_to_end(entry.name)
+        return Lease(entry)
+
+    async def release(self, lease: Lease) -> None:
+        if lease.released:
+            return
+        lease.released = True
+        entry = lease.entry
+        entry.in_flight -= 1
+        if entry.deleted and entry.in_flight == 0:
+            await self._finish_delete(entry)
+
+    async def _load(self, entry: AdapterEntry) -> None:
+        async with self._residency:
+            await self._make_room(exclude=entry.name)
+            start = time.perf_counter()
+            try:
+                handle = await self.backend.load(entry.name, entry.spec.path)
+            except Exception as exc:  # noqa: BLE001 - reported to the client as a failed dependency
+                log.error("adapters: loading %r failed: %s", entry.name, exc)
+                raise AdapterUnavailable(f"adapter {entry.name!r} could not be loaded: {exc}") from exc
+            entry.handle = handle
+            entry.loads += 1
+            self._lru[entry.name] = entry
+            self._lru.move_to_end(entry.name)
+            if entry.pinned:
+                await self.backend.pin(handle)
+            ADAPTER_LOADS.labels(entry.name).inc()
+            ADAPTERS_RESIDENT.set(len(self._lru))
+            log.info(
+                "adapters: loaded %r in %.3f s (load #%d, %d resident of %d)",
+                entry.name, time.perf_counter() - start, entry.loads, len(self._lru), self.capacity,
+            )
+
+    async def _make_room(self, exclude: str) -> None:
+        while len(self._lru) >= self.capacity:
+            victim = next(
+                (e for n, e in self._lru.items() if n != exclude and e.in_flight == 0 and not e.pinned and not e.lock.locked()),
+                None,
+            )
+            if victim is None:
+                # Every resident adapter is busy or pinned: vLLM's own LRU cache makes room.
+                log.info("adapters: all %d resident adapters busy or pinned; vLLM's cache makes room", len(self._lru))
+                return
+            await self._evict(victim)
+
+    async def _evict(self, entry: AdapterEntry) -> None:
+        handle, entry.handle = entry.handle, None
+        self._lru.pop(entry.name, None)
+        ADAPTERS_RESIDENT.set(len(self._lru))
+        if handle is not None:
+            try:
+                await self.backend.unload(entry.name, handle)
+            except Exception:  # noqa: BLE001 - the engine copy is gone or will be reloaded anyway
+                log.exception("adapters: unloading %r failed", entry.name)
+        if not entry.deleted:
+            ADAPTER_EVICTIONS.labels(entry.name).inc()
+            log.info("adapters: evicted %r (least recently used)", entry.name)
+
+    # ------------------------------------------------------------------ management
+
+    async def add(self, name: str, src: str, *, preload: bool = False, pin: bool = False) -> AdapterEntry:
+        path = self.resolve_src(src)
+        entry = self.register(name, path, pin=pin)
+        log.info("adapters: registered %r from %s", name, path)
+        if preload or pin:
+            try:
+                lease = await self.acquire(name)
+            except AdapterUnavailable:
+                # A preload that cannot load leaves nothing registered.
+                self.adapters.pop(name, None)
+                ADAPTERS_REGISTERED.set(len(self.adapters))
+                raise
+            await self.release(lease)
+        return entry
+
+    async def remove(self, name: str) -> AdapterEntry:
+        entry = self.adapters.get(name)
+        if entry is None:
+            if self.failed.pop(name, None) is not None:
+                raise AdapterNotFound(name)  # failed registrations are simply forgotten
+            raise AdapterNotFound(name, list(self.adapters))
+        del self.adapters[name]
+        ADAPTERS_REGISTERED.set(len(self.adapters))
+        entry.deleted = True
+        async with entry.lock:  # a load in progress completes first
+            pass
+        if entry.in_flight == 0:
+            await self._finish_delete(entry)
+        else:
+            self._draining.add(entry)
+            log.info("adapters: %r deleted; %d request(s) in flight finish first", name, entry.in_flight)
+        return entry
+
+    async def _finish_delete(self, entry: AdapterEntry) -> None:
+        self._draining.discard(entry)
+        async with self._residency:
+            await self._evict(entry)
+        log.info("adapters: %r removed", entry.name)
+
+    def forget_failed(self, name: str) -> bool:
+        return self.failed.pop(name, None) is not None
+
+
+# ---------------------------------------------------------------------- vLLM backend
+
+
+class VLLMBackend:
+    """Loads through vLLM's own serving objects: `load_lora_adapter` builds the LoRARequest and
+    adds it to the engine; eviction removes it from the engine and from the served-model map."""
+
+    def __init__(self, serving_models: Any, engine_client: Any):
+        self.models = serving_models
+        self.engine = engine_client
+
+    def is_base_model(self, name: str) -> bool:
+        return bool(self.models.is_base_model(name))
+
+    def base_names(self) -> list[str]:
+        return [b.name for b in self.models.base_model_paths]
+
+    async def load(self, name: str, path: Path) -> Any:
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+        result = await self.models.load_lora_adapter(
+            LoadLoRAAdapterRequest(lora_name=name, lora_path=str(path)), base_model_name=self.base_names()[0]
+        )
+        if type(result).__name__ == "ErrorResponse":
+            raise RuntimeError(result.error.message)
+        return self.models.lora_requests[name]
+
+    async def unload(self, name: str, handle: Any) -> None:
+        if self.models.lora_requests.get(name) is handle:
+            del self.models.lora_requests[name]
+        await self.engine.remove_lora(handle.lora_int_id)
+
+    async def pin(self, handle: Any) -> None:
+        await self.engine.pin_lora(handle.lora_int_id)
+
+
+def with_adapter_listing(serving_models: Any, registry: AdapterRegistry) -> None:
+    """Make vLLM's `show_available_models` (GET /v1/models) list registered adapters, loaded or not."""
+    from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelPermission
+
+    base_listing = serving_models.registry.show_available_models
+
+    async def show_available_models():
+        models = await base_listing()
+        parent = serving_models.base_model_paths[0].name
+        models.data.extend(
+            ModelCard(id=e.name, root=str(e.spec.path), parent=parent, permission=[ModelPermission()])
+            for e in sorted(registry.adapters.values(), key=lambda e: e.name)
+        )
+        return models
+
+    serving_models.show_available_models = show_available_models

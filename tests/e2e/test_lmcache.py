@@ -1,0 +1,117 @@
+"""LMCache end to end: real engine, real supervised cache server, CPU RAM + disk tiers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sysconfig
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.e2e.conftest import BASE_PROPS
+from tests.e2e.test_api import metric_value
+from tests.support.server import ServerProcess, server_env, write_properties
+
+
+def long_prompt(n_chars: int = 9000) -> str:
+    text = Path(sysconfig.get_paths()["stdlib"], "argparse.py").read_text()
+    return text[:n_chars]
+
+
+@pytest.fixture(scope="module")
+def lmcache_server(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("lmcache-model")
+    disk = tmp_path_factory.mktemp("lmcache-disk")
+    (model_dir / "lmcache.yaml").write_text(
+        f"chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
+        f"local_disk: \"file://{disk}\"\nmax_local_disk_size: 2\nextra_config:\n  use_odirect: true\n"
+    )
+    props = {**BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
+    write_properties(model_dir, props)
+    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
+    try:
+        proc.wait_ready()
+        proc.disk = disk
+        yield proc
+    finally:
+        children = proc.descendants()
+        proc.stop()
+        leftovers = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def complete(server, prompt: str, max_tokens: int = 8) -> dict:
+    r = httpx.post(
+        server.base_url + "/v1/completions",
+        json={"model": "lmi-demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def metrics(server) -> str:
+    return httpx.get(server.base_url + "/metrics").text
+
+
+def cache_server_pid(server) -> int:
+    for child in server.descendants():
+        try:
+            if "lmcache.v1.multiprocess.server" in " ".join(child.cmdline()):
+                return child.pid
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError("no LMCache cache server child process")
+
+
+def test_second_request_reuses_kv_from_lmcache_with_identical_text(lmcache_server):
+    prompt = long_prompt()
+    first = complete(lmcache_server, prompt)
+    assert first["usage"]["prompt_tokens"] > 1024
+    second = complete(lmcache_server, prompt)
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 1024 and cached % 256 == 0, cached
+    text = metrics(lmcache_server)
+    assert metric_value(text, "lmi_lmcache_lookup_hit_tokens_total") >= cached
+    assert metric_value(text, "lmi_lmcache_hit_rate") > 0
+    assert metric_value(text, "lmi_lmcache_stored_bytes", tier="cpu") > 0
+    assert metric_value(text, "vllm:external_prefix_cache_hits_total") >= cached
+
+
+def test_cache_server_killed_mid_traffic_recovers_and_hits_from_disk(lmcache_server):
+    prompt = long_prompt(11000)
+    reference = complete(lmcache_server, prompt)  # stored in L1 and on disk
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(Path(lmcache_server.disk).rglob("*")):
+        time.sleep(0.5)
+    assert any(Path(lmcache_server.disk).rglob("*")), "nothing was written to the disk tier"
+
+    before = metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total")
+    os.kill(cache_server_pid(lmcache_server), signal.SIGKILL)
+    # Requests keep succeeding (recomputed) and /ping stays 200 while the server is down.
+    for _ in range(3):
+        assert httpx.get(lmcache_server.base_url + "/ping").status_code == 200
+        assert complete(lmcache_server, "import json\n", 4)["choices"][0]["text"] is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        text = metrics(lmcache_server)
+        if metric_value(text, "lmi_lmcache_server_restarts_total") == before + 1 and metric_value(text, "lmi_lmcache_server_up") == 1:
+            break
+        time.sleep(1)
+    assert metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total") == before + 1
+    # L1 died with the process; the disk tier still holds the chunks: hits resume from L2.
+    deadline = time.monotonic() + 60
+    while True:
+        again = complete(lmcache_server, prompt)
+        l2_hits = metric_value(metrics(lmcache_server), "lmi_lmcache_lookup_hit_l2_tokens_total") or 0
+        if l2_hits > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert again["choices"][0]["text"] == reference["choices"][0]["text"]
+    assert l2_hits > 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
