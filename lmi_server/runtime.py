@@ -57,12 +57,32 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
         if build_demo:
             engine_args["model"] = str(ensure_demo_model())
         notes.append("no model configured: serving the embedded demo model")
+    engine_args.pop("speculative_config", None)
+    speculative = resolve_speculative(cfg, engine_args, build_demo=build_demo)
+    if speculative is not None:
+        engine_args["speculative_config"] = speculative
     env = engine_environment(cfg)
     kv_plan = plan_kv_cache(cfg, engine_args)
     if kv_plan.kv_transfer_config is not None:
         engine_args["kv_transfer_config"] = kv_plan.kv_transfer_config
     env.update(kv_plan.env)
     return Runtime(cfg=cfg, engine_args=engine_args, env=env, kv_plan=kv_plan, notes=notes)
+
+
+def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, build_demo: bool) -> dict[str, Any] | None:
+    from lmi_server.speculative import SpeculativeConfigError, build_speculative_config
+
+    default_draft = None
+    if cfg.model.source == "demo" and cfg.speculative.speculative_method in ("eagle",):
+        from lmi_server.demo import builder
+
+        ensure_draft = getattr(builder, "ensure_demo_draft", None)
+        if ensure_draft is not None and build_demo:
+            default_draft = str(ensure_draft())
+    try:
+        return build_speculative_config(cfg, str(engine_args["model"]), default_draft)
+    except SpeculativeConfigError as exc:
+        raise ConfigError([str(exc)]) from exc
 
 
 def _model_config(model_path: str) -> tuple[Path | None, dict[str, Any] | None]:

@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
 @dataclass
 class KitConfig:
     seed: int = 20240604
-    threads: int = 2
+    threads: int = 1
     # target architecture
     hidden_size: int = 256
     intermediate_size: int = 768
@@ -59,14 +59,14 @@ class KitConfig:
     seq_len: int = 256
     batch_size: int = 16
     chat_per_batch: int = 2
-    target_steps: int = 240
+    target_steps: int = 140
     target_lr: float = 2e-3
     warmup_steps: int = 20
     weight_decay: float = 0.1
-    eval_every: int = 40
+    eval_every: int = 35
     # draft training
     spec_tokens: int = 3
-    draft_steps: int = 160
+    draft_steps: int = 150
     draft_lr: float = 1.5e-3
     draft_batch_size: int = 16
     gen_sequences: int = 96  # target greedy continuations used as draft training data

@@ -117,7 +117,12 @@ class AdapterEntry:
 @dataclass
 class Lease:
     entry: AdapterEntry
+    registry: AdapterRegistry | None = None
     released: bool = False
+
+    async def release(self) -> None:
+        if self.registry is not None:
+            await self.registry.release(self)
 
 
 class AdapterRegistry:
@@ -226,7 +231,7 @@ class AdapterRegistry:
             entry.last_used = time.time()
             if entry.name in self._lru:
                 self._lru.move_to_end(entry.name)
-        return Lease(entry)
+        return Lease(entry, self)
 
     async def release(self, lease: Lease) -> None:
         if lease.released:

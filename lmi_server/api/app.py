@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 
+from lmi_server.adapters import wiring as adapter_wiring
 from lmi_server.api import openai as openai_routes
 from lmi_server.api import sagemaker
 from lmi_server.api.errors import install_error_handlers
+from lmi_server.api.sessions import SessionHook, SessionStore
 from lmi_server.config.schema import ServingConfig
 from lmi_server.engine import EngineOwner
 from lmi_server.metrics import MetricsMiddleware, register_lmcache_collector, unregister_collector
@@ -25,10 +28,6 @@ async def _base_model_only(request: Request, parsed: Any) -> None:
 
 
 async def _lmi_base_model(request: Request, parsed: Any) -> str | None:
-    return None
-
-
-async def _no_sessions(request: Request, body: Any) -> dict[str, str] | None:
     return None
 
 
@@ -52,9 +51,11 @@ def create_app(
         collector = register_lmcache_collector(kv_plan, cache_server)
         if start_engine:
             owner.start_background()
+        adapters_task = asyncio.create_task(adapter_wiring.build_when_ready(app))  # LoRA registry once ready
         try:
             yield
         finally:
+            adapters_task.cancel()
             log.info("shutting down: stopping the engine")
             await owner.stop()
             unregister_collector(collector)
@@ -65,10 +66,14 @@ def create_app(
     app.state.engine_owner = owner
     app.state.model_resolver = _base_model_only
     app.state.lmi_model_resolver = _lmi_base_model
-    app.state.session_hook = _no_sessions
+    app.state.session_hook = SessionHook(
+        cfg.sessions.enable_stateful_sessions,
+        SessionStore(cfg.sessions.sessions_expiration, cfg.sessions.sessions_path),
+    )
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(sagemaker.router)
     app.include_router(openai_routes.router)
     app.include_router(metrics_router)
+    adapter_wiring.install(app)  # LoRA adapters: /adapters routes, resolvers, output-formatter middleware
     return app

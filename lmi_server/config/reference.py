@@ -7,14 +7,17 @@ from lmi_server.config.schema import LMI_ALIASES, NOT_APPLICABLE, SECTIONS
 
 def _type_name(annotation) -> str:
     text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
-    return text.replace("<class '", "").replace("'>", "")
+    text = text.replace("<class '", "").replace("'>", "")
+    if text.startswith("Optional["):
+        text = text[len("Optional[") : -1] + " or None"
+    return text.replace(" | ", " or ").replace("|", " or ")
 
 
 def options_markdown() -> str:
     lines = ["| key | type | default | description |", "|---|---|---|---|"]
     for section, model in SECTIONS.items():
         for name, info in model.model_fields.items():
-            default = "" if info.default is None else f"`{info.default}`"
+            default = "none" if info.default is None else f"`{info.default}`"
             lines.append(f"| `option.{name}` | {_type_name(info.annotation)} | {default} | {info.description or ''} |")
     lines.append("")
     lines.append("LMI names mapped onto vLLM engine arguments:")

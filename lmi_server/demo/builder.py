@@ -125,9 +125,92 @@ def build_demo_model(out_dir: str | Path, spec: DemoModelSpec | None = None) -> 
     return out_dir
 
 
+KIT_DIR = Path(__file__).resolve().parent / "kit"
+
+
+def kit_target_dir() -> Path | None:
+    """The trained kit's target model directory (committed under lmi_server/demo/kit), if present."""
+    d = KIT_DIR / "target"
+    if (d / "config.json").exists() and (d / "model.safetensors").exists():
+        return d
+    return None
+
+
+def kit_draft_dir() -> Path | None:
+    """The trained kit's EAGLE-1 draft directory, if present."""
+    d = KIT_DIR / "eagle"
+    if (d / "config.json").exists() and (d / "model.safetensors").exists():
+        return d
+    return None
+
+
+KIT_STAMP = "lmi_demo_kit.stamp"
+
+
+def _kit_stamp(src: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in ("config.json", "model.safetensors"):
+        h.update((src / name).read_bytes())
+    return h.hexdigest()
+
+
+def _copy_atomically(src: Path, target: Path, stamp: str) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".demo-copy-", dir=target.parent))
+    try:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        (tmp / KIT_STAMP).write_text(stamp + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
-    """Return the cached demo model directory, building it once (atomically) when missing."""
+    """Return the cached demo model directory (default: default_cache_dir()).
+
+    When the trained kit is shipped (lmi_server/demo/kit/target), the demo model is that kit: it is
+    copied (atomically) into the cache directory, with a stamp of the kit's weights, and the copy
+    is returned; it is replaced when the kit changes or when the directory held something else
+    (such as an older random-weight build). Without the kit, a random-weight model is built there
+    once and returned, as before (see ensure_random_demo_model).
+    """
     target = Path(cache_dir) if cache_dir else default_cache_dir()
+    kit = kit_target_dir()
+    if kit is None:
+        return ensure_random_demo_model(target)
+    stamp = _kit_stamp(kit)
+    marker = target / KIT_STAMP
+    if marker.exists() and marker.read_text().strip() == stamp and (target / "model.safetensors").exists():
+        return target
+    log.info("installing the trained demo model into %s", target)
+    return _copy_atomically(kit, target, stamp)
+
+
+def ensure_demo_draft() -> Path:
+    """Return the trained EAGLE-1 draft directory (lmi_server/demo/kit/eagle, read in place) that
+    belongs to ensure_demo_model()'s target; FileNotFoundError when the kit is not shipped."""
+    d = kit_draft_dir()
+    if d is None:
+        raise FileNotFoundError(
+            f"the demo EAGLE draft is missing under {KIT_DIR}; "
+            "train it with: python scripts/train_demo_kit.py --out lmi_server/demo/kit"
+        )
+    return d
+
+
+def ensure_random_demo_model(cache_dir: str | Path | None = None) -> Path:
+    """Return a cached random-weight demo model directory, building it once (atomically) when missing.
+
+    For tests that need a fresh, untrained model; default location: demo-random-<version> beside
+    default_cache_dir()."""
+    base = default_cache_dir()
+    target = Path(cache_dir) if cache_dir else base.with_name(f"demo-random-{DEMO_VERSION}")
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

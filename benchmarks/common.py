@@ -1,0 +1,167 @@
+"""Shared pieces of the benchmarks: start servers, stream requests, summarise, plot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process started from argv, waited for on /health or /ping, stopped with SIGTERM."""
+
+    def __init__(self, name: str, argv: list[str], port: int, health: str, log: Path, env: dict[str, str] | None = None):
+        self.name, self.argv, self.port, self.health, self.log = name, argv, port, health, log
+        self.env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **(env or {})}
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.start_s: float | None = None
+
+    def __enter__(self) -> "Server":
+        t0 = time.monotonic()
+        self._log = open(self.log, "wb")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO, start_new_session=True)
+        while time.monotonic() - t0 < 900:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: see {self.log}")
+            try:
+                if httpx.get(self.url + self.health, timeout=2).status_code == 200:
+                    self.start_s = time.monotonic() - t0
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(self.name)
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    output_tokens: int = 0
+    itl_s: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    error: str = ""
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+    """POST a streaming OpenAI completion/chat request; time the first token and each gap."""
+    t0 = time.perf_counter()
+    first = last = None
+    gaps: list[float] = []
+    tokens = 0
+    cached = 0
+    try:
+        async with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+            if r.status_code != 200:
+                return RequestResult(False, error=f"{r.status_code}: {(await r.aread())[:200]!r}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                    cached = ((chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+                for choice in chunk.get("choices", []):
+                    piece = choice.get("text") or (choice.get("delta") or {}).get("content")
+                    if piece:
+                        now = time.perf_counter()
+                        if first is None:
+                            first = now
+                        else:
+                            gaps.append(now - last)
+                        last = now
+    except httpx.HTTPError as exc:
+        return RequestResult(False, error=repr(exc))
+    end = time.perf_counter()
+    return RequestResult(True, ttft_s=(first or end) - t0, latency_s=end - t0, output_tokens=tokens, itl_s=gaps, cached_tokens=cached)
+
+
+async def run_concurrent(url: str, bodies: list[dict], concurrency: int, timeout: float = 600) -> tuple[list[RequestResult], float]:
+    """Send all bodies with at most `concurrency` in flight; return results and wall time."""
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+
+        async def one(body):
+            async with sem:
+                return await stream_completion(client, url, body)
+
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one(b) for b in bodies))
+        return list(results), time.perf_counter() - t0
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summarise(results: list[RequestResult], wall_s: float) -> dict:
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok]
+    lat = [r.latency_s for r in ok]
+    itl = [g for r in ok for g in r.itl_s]
+    out_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:3],
+        "ttft_mean_s": statistics.fmean(ttft) if ttft else float("nan"),
+        "ttft_p90_s": pct(ttft, 90),
+        "latency_mean_s": statistics.fmean(lat) if lat else float("nan"),
+        "latency_p90_s": pct(lat, 90),
+        "itl_mean_s": statistics.fmean(itl) if itl else float("nan"),
+        "itl_p90_s": pct(itl, 90),
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / wall_s if wall_s else float("nan"),
+        "cached_tokens_mean": statistics.fmean([r.cached_tokens for r in ok]) if ok else 0,
+        "wall_s": wall_s,
+    }
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]}
+
+
+def save(name: str, doc: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    return path

@@ -1,0 +1,136 @@
+"""Speculative decoding: build vLLM's `speculative_config` from the options and check it early.
+
+Users either give vLLM's JSON (`option.speculative_config`) or the convenience keys
+(`option.speculative_method`, `option.speculative_draft_model`, `option.num_speculative_tokens`).
+Either way the draft is checked before the engine starts (directory, hidden size, vocabulary,
+method against the target's architecture), so a mistake is a start-up error that says what to
+fix instead of a failure deep inside engine initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from lmi_server.config.schema import ServingConfig
+
+METHODS_NEEDING_DRAFT = {"eagle", "eagle3", "draft_model"}
+# Target architectures whose vLLM implementation exposes the hidden states EAGLE drafts from.
+EAGLE_TARGETS = {
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "MiniCPMForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+    "Glm4MoeForCausalLM", "GptOssForCausalLM", "Llama4ForConditionalGeneration",
+}
+MAX_SPECULATIVE_TOKENS = 16
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+class SpeculativeConfigError(ValueError):
+    pass
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    cfg = path / "config.json"
+    return json.loads(cfg.read_text()) if cfg.is_file() else None
+
+
+def _resolve_draft(draft: str, model_dir: Path) -> tuple[str, Path | None]:
+    """Local directory (absolute or relative to the model directory), or a hub id."""
+    candidate = Path(draft).expanduser()
+    for path in ([candidate] if candidate.is_absolute() else [model_dir / candidate, candidate]):
+        if path.is_dir():
+            return str(path.resolve()), path.resolve()
+    if candidate.is_absolute() or draft.startswith(".") or not _HUB_ID.match(draft):
+        raise SpeculativeConfigError(
+            f"speculative draft model {draft!r}: no such directory (looked in {model_dir}); "
+            "give a directory with the draft's config.json and safetensors, or a hub id"
+        )
+    return draft, None
+
+
+def requested_config(cfg: ServingConfig, default_draft: str | None = None) -> dict[str, Any] | None:
+    """The speculative config the user asked for (before path resolution), or None."""
+    spec = cfg.speculative
+    from_json = cfg.engine_args.get("speculative_config")
+    convenience = any(v is not None for v in (spec.speculative_method, spec.speculative_draft_model, spec.num_speculative_tokens))
+    if from_json is not None and convenience:
+        raise SpeculativeConfigError(
+            "option.speculative_config and option.speculative_method/speculative_draft_model/"
+            "num_speculative_tokens both given; use one of the two forms"
+        )
+    if from_json is not None:
+        if not isinstance(from_json, dict):
+            raise SpeculativeConfigError('option.speculative_config must be a JSON object, e.g. {"method": "eagle", "model": "draft", "num_speculative_tokens": 3}')
+        return dict(from_json)
+    if not convenience:
+        return None
+    if spec.speculative_method is None:
+        raise SpeculativeConfigError("option.speculative_method is required with option.speculative_draft_model / option.num_speculative_tokens")
+    out: dict[str, Any] = {"method": spec.speculative_method, "num_speculative_tokens": spec.num_speculative_tokens or 3}
+    draft = spec.speculative_draft_model or (default_draft if spec.speculative_method in ("eagle", "eagle3") else None)
+    if draft is not None:
+        out["model"] = draft
+    if spec.speculative_method == "ngram":
+        out.setdefault("prompt_lookup_max", 4)
+        out.setdefault("prompt_lookup_min", 2)
+    return out
+
+
+def build_speculative_config(cfg: ServingConfig, target_path: str, default_draft: str | None = None) -> dict[str, Any] | None:
+    """Validated speculative_config for vLLM (draft path resolved), or None when not asked for."""
+    wanted = requested_config(cfg, default_draft)
+    if wanted is None:
+        return None
+    method = wanted.get("method")
+    if method is None:
+        raise SpeculativeConfigError('speculative_config needs a "method" (eagle, eagle3, ngram, mtp, draft_model, ...)')
+    n = wanted.get("num_speculative_tokens")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SPECULATIVE_TOKENS:
+        raise SpeculativeConfigError(f"num_speculative_tokens={n!r}: expected an integer from 1 to {MAX_SPECULATIVE_TOKENS}")
+    target_dir = Path(target_path)
+    target = _read_config(target_dir) if target_dir.is_dir() else None
+
+    if method in METHODS_NEEDING_DRAFT:
+        if not wanted.get("model"):
+            raise SpeculativeConfigError(f"speculative method {method!r} needs a draft model: set option.speculative_draft_model")
+        wanted["model"], draft_dir = _resolve_draft(str(wanted["model"]), cfg.model_dir)
+        draft = _read_config(draft_dir) if draft_dir is not None else None
+        if draft_dir is not None and draft is None:
+            raise SpeculativeConfigError(f"draft model {draft_dir} has no config.json")
+        if target is not None and draft is not None:
+            _check_draft_fits(method, target, draft, draft_dir)
+    elif method == "mtp":
+        if target is not None and not target.get("num_nextn_predict_layers"):
+            raise SpeculativeConfigError(
+                "speculative method 'mtp' needs a target with multi-token-prediction layers "
+                "(num_nextn_predict_layers in config.json); this model has none — use eagle or ngram"
+            )
+    elif method == "ngram":
+        lo, hi = wanted.get("prompt_lookup_min", 1), wanted.get("prompt_lookup_max", 1)
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise SpeculativeConfigError(f"ngram needs 1 <= prompt_lookup_min ({lo}) <= prompt_lookup_max ({hi})")
+    return wanted
+
+
+def _check_draft_fits(method: str, target: dict[str, Any], draft: dict[str, Any], draft_dir: Path | None) -> None:
+    archs = set(target.get("architectures") or [])
+    if method in ("eagle", "eagle3") and archs and not archs & EAGLE_TARGETS:
+        raise SpeculativeConfigError(
+            f"speculative method {method!r} is not supported for the target architecture {sorted(archs)}; "
+            "use ngram or draft_model"
+        )
+    t_hidden = target.get("hidden_size")
+    d_hidden = draft.get("target_hidden_size") or draft.get("hidden_size")
+    if method == "eagle" and t_hidden and d_hidden and t_hidden != d_hidden:
+        raise SpeculativeConfigError(
+            f"draft {draft_dir}: hidden_size {d_hidden} does not fit the target's hidden_size {t_hidden}; "
+            "an EAGLE head must be trained for this target"
+        )
+    t_vocab, d_vocab = target.get("vocab_size"), draft.get("vocab_size")
+    if t_vocab and d_vocab and t_vocab != d_vocab and not draft.get("draft_vocab_size"):
+        raise SpeculativeConfigError(
+            f"draft {draft_dir}: vocab_size {d_vocab} differs from the target's {t_vocab}; "
+            "the draft must share the target's tokenizer"
+        )

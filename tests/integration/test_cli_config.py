@@ -1,0 +1,67 @@
+"""`lmi-server config` as a user runs it: resolved JSON, or a non-zero exit naming the problem."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_config(model_dir: Path, props: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    (model_dir / "serving.properties").write_text(props)
+    return subprocess.run(
+        [sys.executable, "-m", "lmi_server.cli", "config", "--model-dir", str(model_dir)],
+        capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", **(env or {})}, timeout=120,
+    )
+
+
+def test_prints_resolved_config_and_exact_engine_args(tmp_path):
+    out = run_config(tmp_path, "engine=Python\noption.max_rolling_batch_size=8\noption.dtype=fp32\n", {"OPTION_MAX_MODEL_LEN": "2048"})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["vllm_engine_args"]["max_num_seqs"] == 8
+    assert doc["vllm_engine_args"]["max_model_len"] == 2048
+    assert doc["vllm_engine_args"]["dtype"] == "float32"
+    assert doc["not_applicable"] == {"engine": "the vLLM engine is built in"}
+    assert doc["environment"]["VLLM_NO_USAGE_STATS"] == "1"
+    assert doc["environment"]["LMCACHE_TRACK_USAGE"] == "false"
+    assert doc["lmcache_plan"]["mode"] is None
+
+
+def test_misspelt_key_exits_non_zero_with_suggestion(tmp_path):
+    out = run_config(tmp_path, "option.max_rolling_batch_sise=8\n")
+    assert out.returncode == 2
+    assert "option.max_rolling_batch_sise" in out.stderr and "did you mean option.max_rolling_batch_size?" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "props,needle",
+    [
+        ("option.lmcache_config_file=x.yaml\noption.lmcache_auto_config=true\n", "exclude each other"),
+        ("option.lmcache_config_file=missing.yaml\n", "missing.yaml"),
+        ("option.lmcache_config_file=bad.yaml\n", "chunk_sise"),
+        ("option.lmcache_config_file=cpu.yaml\noption.lmcache_mode=inprocess\n", "GPU"),
+    ],
+)
+def test_bad_lmcache_configuration_is_a_startup_error(tmp_path, props, needle):
+    (tmp_path / "bad.yaml").write_text("chunk_sise: 256\n")
+    (tmp_path / "cpu.yaml").write_text((REPO / "lmcache_configs" / "cpu.yaml").read_text())
+    out = run_config(tmp_path, props)
+    assert out.returncode == 2, out.stdout
+    assert needle in out.stderr, out.stderr
+
+
+def test_auto_config_prints_the_plan_with_reasons(tmp_path):
+    from lmi_server.demo.builder import ensure_demo_model
+
+    demo = ensure_demo_model()
+    out = run_config(tmp_path, f"option.model_id={demo}\noption.lmcache_auto_config=true\noption.cpu_kv_cache_space=1\noption.max_model_len=16384\noption.max_rolling_batch_size=64\n")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)["lmcache_plan"]
+    assert plan["source"] == "auto"
+    assert plan["reasons"] and any("bytes per token" in r.lower() or "kv" in r.lower() for r in plan["reasons"])

@@ -1,0 +1,85 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from lmi_server.config.schema import build_serving_config
+from lmi_server.speculative import SpeculativeConfigError, build_speculative_config
+
+TARGET = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "vocab_size": 4096, "num_hidden_layers": 4}
+
+
+def write_model(path: Path, config: dict) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    write_model(tmp_path, TARGET)
+    write_model(tmp_path / "eagle", {**TARGET, "num_hidden_layers": 1, "architectures": ["EagleLlamaForCausalLM"]})
+    return tmp_path
+
+
+def spec(model_dir: Path, props: dict[str, str]):
+    cfg = build_serving_config(props, model_dir)
+    return build_speculative_config(cfg, str(model_dir))
+
+
+def test_convenience_keys_build_vllm_config_with_resolved_draft(model_dir):
+    out = spec(model_dir, {"option.speculative_method": "eagle", "option.speculative_draft_model": "eagle", "option.num_speculative_tokens": "4"})
+    assert out == {"method": "eagle", "model": str((model_dir / "eagle").resolve()), "num_speculative_tokens": 4}
+
+
+def test_json_form_passes_through_with_relative_draft_resolved(model_dir):
+    out = spec(model_dir, {"option.speculative_config": '{"method": "eagle", "model": "eagle", "num_speculative_tokens": 2}'})
+    assert out["model"] == str((model_dir / "eagle").resolve()) and out["num_speculative_tokens"] == 2
+
+
+def test_ngram_needs_no_draft(model_dir):
+    out = spec(model_dir, {"option.speculative_method": "ngram", "option.num_speculative_tokens": "5"})
+    assert out == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def test_no_speculation_when_not_asked(model_dir):
+    assert spec(model_dir, {}) is None
+
+
+@pytest.mark.parametrize(
+    "props,needle",
+    [
+        ({"option.speculative_method": "eagle", "option.speculative_draft_model": "missing"}, "no such directory"),
+        ({"option.speculative_method": "eagle"}, "needs a draft model"),
+        ({"option.speculative_draft_model": "eagle"}, "speculative_method is required"),
+        ({"option.speculative_method": "eagle", "option.speculative_draft_model": "wide"}, "hidden_size 512"),
+        ({"option.speculative_method": "eagle", "option.speculative_draft_model": "othervocab"}, "vocab_size 32000"),
+        ({"option.speculative_method": "mtp"}, "num_nextn_predict_layers"),
+        ({"option.speculative_config": '{"method": "eagle", "model": "eagle", "num_speculative_tokens": 40}'}, "from 1 to 16"),
+        ({"option.speculative_config": '{"num_speculative_tokens": 3}'}, 'needs a "method"'),
+        ({"option.speculative_config": '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 2}'}, "prompt_lookup_min"),
+        ({"option.speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}', "option.speculative_method": "eagle"}, "use one of the two forms"),
+        ({"option.speculative_method": "eagle", "option.speculative_draft_model": "nocfg"}, "has no config.json"),
+    ],
+)
+def test_each_validation_error_says_what_to_fix(model_dir, props, needle):
+    write_model(model_dir / "wide", {**TARGET, "hidden_size": 512})
+    write_model(model_dir / "othervocab", {**TARGET, "vocab_size": 32000})
+    (model_dir / "nocfg").mkdir()
+    with pytest.raises(SpeculativeConfigError) as info:
+        spec(model_dir, props)
+    assert needle in str(info.value)
+
+
+def test_eagle_on_an_unsupported_architecture(tmp_path):
+    write_model(tmp_path, {**TARGET, "architectures": ["GPT2LMHeadModel"]})
+    write_model(tmp_path / "eagle", TARGET)
+    with pytest.raises(SpeculativeConfigError, match="not supported for the target architecture"):
+        spec(tmp_path, {"option.speculative_method": "eagle", "option.speculative_draft_model": "eagle"})
+
+
+def test_num_speculative_tokens_range_is_checked_by_the_config_model(model_dir):
+    from lmi_server.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="option.num_speculative_tokens"):
+        build_serving_config({"option.num_speculative_tokens": "0"}, model_dir)
