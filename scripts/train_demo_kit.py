@@ -57,13 +57,13 @@ class KitConfig:
     holdout_every: int = 24  # every Nth corpus file is held out for evaluation
     # target training
     seq_len: int = 256
-    batch_size: int = 16
-    chat_per_batch: int = 2
-    target_steps: int = 140
-    target_lr: float = 2e-3
-    warmup_steps: int = 20
+    batch_size: int = 8
+    chat_per_batch: int = 1
+    target_steps: int = 420
+    target_lr: float = 3e-3
+    warmup_steps: int = 30
     weight_decay: float = 0.1
-    eval_every: int = 35
+    eval_every: int = 60
     # draft training
     spec_tokens: int = 3
     draft_steps: int = 150
