@@ -12,7 +12,7 @@ import time
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 ROUTES = {
@@ -34,6 +34,8 @@ TTFT = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
+DERIVED = CollectorRegistry(auto_describe=True)
+
 # A streamed chunk carries text when an OpenAI delta/choice or an LMI token has non-empty text.
 _TOKEN_CHUNK = re.compile(rb'"(?:content|text)":\s*"[^"]')
 
@@ -42,7 +44,39 @@ router = APIRouter()
 
 @router.get("/metrics")
 async def metrics() -> Response:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(REGISTRY) + generate_latest(DERIVED), media_type=CONTENT_TYPE_LATEST)
+
+
+def _sum_samples(name: str) -> float | None:
+    """Sum of a counter's samples over all label sets, read from the default registry."""
+    total = None
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name == name:
+                total = (total or 0.0) + sample.value
+    return total
+
+
+class SpecDecodeCollector:
+    """Acceptance rate and mean acceptance length, derived from vLLM's speculative counters.
+
+    Lives in its own registry (DERIVED) because it reads the default one while collecting."""
+
+    def collect(self):
+        drafts = _sum_samples("vllm:spec_decode_num_drafts_total")
+        drafted = _sum_samples("vllm:spec_decode_num_draft_tokens_total")
+        accepted = _sum_samples("vllm:spec_decode_num_accepted_tokens_total")
+        if drafts is None or drafted is None or accepted is None:
+            return
+        rate = GaugeMetricFamily("lmi_spec_decode_acceptance_rate", "Accepted draft tokens / drafted tokens since start")
+        rate.add_metric([], accepted / drafted if drafted else 0.0)
+        yield rate
+        length = GaugeMetricFamily(
+            "lmi_spec_decode_mean_acceptance_length",
+            "Tokens emitted per verification step: 1 + accepted / drafts (1.0 = no gain)",
+        )
+        length.add_metric([], 1.0 + accepted / drafts if drafts else 1.0)
+        yield length
 
 
 def route_label(path: str) -> str:
@@ -140,3 +174,6 @@ def register_lmcache_collector(plan, supervisor):
 def unregister_collector(collector) -> None:
     if collector is not None:
         REGISTRY.unregister(collector)
+
+
+DERIVED.register(SpecDecodeCollector())
