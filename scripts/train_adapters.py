@@ -168,8 +168,8 @@ def train_one(base: Path, name: str, phrase: str, args, tok, prompts_train, prom
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-        losses.append(float(out.loss))
-        if step % 25 == 0 or step == args.steps - 1:
+        losses.append(out.loss.item())
+        if step % 10 == 0 or step == args.steps - 1:
             print(f"  [{name}] step {step:4d} loss {out.loss.item():.4f}", flush=True)
     train_s = time.time() - start
     # Greedy check on held-out prompts.
@@ -196,8 +196,8 @@ def main(argv=None) -> int:
     parser.add_argument("--base-name", default="lmi-demo", help="base_model_name_or_path written to adapter_config.json")
     parser.add_argument("--only", nargs="*", choices=sorted(ADAPTERS), help="train only these adapters")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=4e-3)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--alpha", type=float, default=16.0)

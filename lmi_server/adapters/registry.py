@@ -73,7 +73,7 @@ class LoRABackend(Protocol):
     async def pin(self, handle: Any) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class AdapterEntry:
     spec: AdapterSpec
     formatters: Formatters
@@ -306,11 +306,12 @@ class AdapterRegistry:
             await self.release(lease)
         return entry
 
-    async def remove(self, name: str) -> AdapterEntry:
+    async def remove(self, name: str) -> AdapterEntry | None:
+        """Unregister; None when the name was only a failed registration (now forgotten)."""
         entry = self.adapters.get(name)
         if entry is None:
             if self.failed.pop(name, None) is not None:
-                raise AdapterNotFound(name)  # failed registrations are simply forgotten
+                return None
             raise AdapterNotFound(name, list(self.adapters))
         del self.adapters[name]
         ADAPTERS_REGISTERED.set(len(self.adapters))
@@ -329,9 +330,6 @@ class AdapterRegistry:
         async with self._residency:
             await self._evict(entry)
         log.info("adapters: %r removed", entry.name)
-
-    def forget_failed(self, name: str) -> bool:
-        return self.failed.pop(name, None) is not None
 
 
 # ---------------------------------------------------------------------- vLLM backend

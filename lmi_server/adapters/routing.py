@@ -192,8 +192,14 @@ class LineFormatter:
     def __init__(self, kind: str, schema: str, fmt: Callable[[str, bool], str]):
         self.kind = kind
         self.schema = schema
-        self.fmt = fmt
+        self.called = False  # whether the formatter has run yet (the response start waits for it)
         self._tail = ""
+
+        def counted(text: str, final: bool) -> str:
+            self.called = True
+            return fmt(text, final)
+
+        self.fmt = counted
 
     def feed(self, data: bytes, last: bool) -> bytes:
         text = self._tail + data.decode("utf-8", errors="surrogateescape")
@@ -234,7 +240,7 @@ class AdapterMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         state = scope.setdefault("state", {})
-        ctl = {"mode": None, "start": None, "kind": None, "buf": [], "lines": None, "failed": False, "started": False}
+        ctl = {"mode": None, "start": None, "kind": None, "buf": [], "lines": None, "failed": False, "started": False, "pending": b""}
 
         def use_now() -> AdapterUse | None:
             return state.get(STATE_KEY)
@@ -301,8 +307,14 @@ class AdapterMiddleware:
                 await send({"type": "http.response.body", "body": _error_bytes(use, str(exc), ctl["kind"]), "more_body": False})
                 return
             if not ctl["started"]:
+                if more and not ctl["lines"].called:
+                    # Hold the status line until the formatter has run once, so that a formatter
+                    # failing on the first text still turns the whole response into a 424.
+                    ctl["pending"] += body
+                    return
                 ctl["started"] = True
                 await send(ctl["start"])
+                body, ctl["pending"] = ctl["pending"] + body, b""
             await send({"type": "http.response.body", "body": body, "more_body": more})
 
         try:

@@ -108,7 +108,7 @@ async def _unregister(request: Request, name: str, model: str | None = None):
         entry = await registry.remove(name)
     except AdapterNotFound as exc:
         raise _map(exc) from None
-    return JSONResponse({"status": f"Adapter {name} unregistered", "in_flight": entry.in_flight})
+    return JSONResponse({"status": f"Adapter {name} unregistered", "in_flight": entry.in_flight if entry else 0})
 
 
 @router.get("/adapters")

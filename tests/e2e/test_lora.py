@@ -1,0 +1,337 @@
+"""LoRA adapters end to end: the real server (vLLM engine, LoRA on) and the committed example
+adapters, through HTTP. One server for the module (max_loras=2, so three adapters evict)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.server import REPO, ServerProcess, server_env, write_properties
+
+BASE_PROPS = {  # tests/e2e/conftest.py's BASE_PROPS (kept in step by hand; conftest is not importable)
+    "engine": "Python",
+    "option.cpu_kv_cache_space": "1",
+    "option.enforce_eager": "true",
+    "option.dtype": "fp32",
+    "option.max_model_len": "4096",
+    "option.max_request_bytes": "200000",
+}
+HELLO = 'print("hello world")'
+SHOUT = "RAISE NOTIMPLEMENTEDERROR"
+HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
+
+
+def _adapters_for(base: Path, root: Path) -> None:
+    """Copy the committed example adapters when they were trained on this base, else retrain."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from train_adapters import fingerprint
+    finally:
+        sys.path.pop(0)
+    fp = fingerprint(base)
+    src = REPO / "adapters"
+    fits = all(
+        (src / n / "training.json").is_file() and json.loads((src / n / "training.json").read_text())["base_fingerprint"] == fp
+        for n in ("hello-printer", "shouter")
+    )
+    if fits:
+        for n in ("hello-printer", "shouter"):
+            shutil.copytree(src / n, root / n)
+    else:
+        subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "train_adapters.py"), "--base", str(base), "--out", str(root)],
+            check=True, cwd=REPO, timeout=1800,
+        )
+
+
+@pytest.fixture(scope="module")
+def lora(tmp_path_factory):
+    from lmi_server.demo.builder import ensure_demo_model
+
+    model_dir = tmp_path_factory.mktemp("lora-model-dir")
+    root = model_dir / "my-adapters"
+    root.mkdir()
+    _adapters_for(ensure_demo_model(), root)
+    # A third copy so that three adapters compete for max_loras=2.
+    shutil.copytree(root / "hello-printer", root / "hello-copy")
+    # A script that fails to import: registration fails, requests get 424.
+    shutil.copytree(root / "hello-printer", root / "broken-script")
+    (root / "broken-script" / "model.py").write_text("import no_such_module_for_lora_tests\n")
+    # A formatter that raises on every request.
+    shutil.copytree(root / "hello-printer", root / "raising")
+    (root / "raising" / "model.py").write_text("def output_formatter(text):\n    raise ValueError('formatter refused ' + repr(text[:5]))\n")
+    props = {
+        **BASE_PROPS,
+        "option.enable_lora": "true",
+        "option.max_loras": "2",
+        "option.max_lora_rank": "8",
+        "option.adapters_path": str(root),
+    }
+    write_properties(model_dir, props)
+    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
+    proc.adapter_root = root
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def post(server, path, body=None, headers=None, timeout=120, params=None):
+    return httpx.post(server.base_url + path, json=body, headers=headers, timeout=timeout, params=params)
+
+
+def lmi(server, inputs="def main():", adapter=None, header=None, **params):
+    body = {"inputs": inputs, "parameters": {"max_new_tokens": 12, **params}}
+    if adapter is not None:
+        body["adapters"] = adapter
+    return post(server, "/invocations", body, headers={HEADER: header} if header else None)
+
+
+def loads(server, name: str) -> float:
+    text = httpx.get(server.base_url + "/metrics").text
+    m = re.search(r'^lmi_adapter_loads_total\{adapter="%s"\} ([0-9.e+]+)$' % re.escape(name), text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def assert_healthy(server):
+    r = lmi(server, "import os", max_new_tokens=2)
+    assert r.status_code == 200, r.text
+    r = lmi(server, "import os", adapter="hello-printer")
+    assert r.status_code == 200 and r.json()["generated_text"].startswith(HELLO), r.text
+
+
+# ---------------------------------------------------------------- discovery
+
+
+def test_listing_before_any_load(lora):
+    r = httpx.get(lora.base_url + "/adapters")
+    assert r.status_code == 200
+    body = r.json()
+    names = [a["name"] for a in body["adapters"]]
+    assert names == ["hello-copy", "hello-printer", "raising", "shouter"]
+    assert all(a["status"] == "registered" and a["loads"] == 0 for a in body["adapters"])
+    assert "no_such_module_for_lora_tests" in body["failed"]["broken-script"]
+    shouter = next(a for a in body["adapters"] if a["name"] == "shouter")
+    assert shouter["output_formatter"] and shouter["rank"] == 8
+    models = [m["id"] for m in httpx.get(lora.base_url + "/v1/models").json()["data"]]
+    assert models == ["lmi-demo", "hello-copy", "hello-printer", "raising", "shouter"]
+    assert loads(lora, "hello-printer") == 0
+    assert httpx.get(lora.base_url + "/models/lmi-demo/adapters").json()["adapters"] == body["adapters"]
+
+
+# ---------------------------------------------------------------- lazy load, effect, formatters
+
+
+def test_concurrent_first_calls_load_once(lora):
+    def call(i):
+        if i % 3 == 0:
+            return lmi(lora, adapter="hello-printer")
+        if i % 3 == 1:
+            return lmi(lora, header="hello-printer")
+        return post(lora, "/v1/completions", {"model": "hello-printer", "prompt": "x = 1", "max_tokens": 12, "temperature": 0})
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(call, range(6)))
+    assert all(r.status_code == 200 for r in results), [r.text for r in results]
+    assert loads(lora, "hello-printer") == 1
+    described = httpx.get(lora.base_url + "/adapters/hello-printer").json()
+    assert described["status"] == "loaded" and described["loads"] == 1
+
+
+def test_adapter_effect_is_visible(lora):
+    base = lmi(lora, "def main():")
+    assert base.status_code == 200 and not base.json()["generated_text"].startswith(HELLO)
+    for prompt in ("def main():", "import sys", "class Foo:"):
+        r = lmi(lora, prompt, adapter="hello-printer")
+        assert r.json()["generated_text"].startswith(HELLO), r.text
+    chat = post(lora, "/v1/chat/completions", {
+        "model": "hello-printer", "messages": [{"role": "user", "content": "Write a loop"}], "max_tokens": 12, "temperature": 0})
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"].startswith(HELLO), chat.text
+    assert chat.json()["model"] == "hello-printer"
+
+
+def test_formatter_runs_for_its_adapter_only(lora):
+    r = lmi(lora, "def main():", adapter="shouter")
+    assert r.status_code == 200 and r.json()["generated_text"].startswith(SHOUT), r.text
+    comp = post(lora, "/v1/completions", {"model": "shouter", "prompt": "import os", "max_tokens": 12, "temperature": 0})
+    assert comp.json()["choices"][0]["text"].startswith(SHOUT), comp.text
+    # streaming: SSE (OpenAI) and jsonlines (LMI)
+    with httpx.stream("POST", lora.base_url + "/v1/completions", json={
+            "model": "shouter", "prompt": "import os", "max_tokens": 12, "temperature": 0, "stream": True}, timeout=120) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    streamed = "".join(c["text"] for e in events for c in e["choices"])
+    assert streamed.startswith(SHOUT) and streamed == streamed.upper(), streamed
+    with httpx.stream("POST", lora.base_url + "/invocations", json={
+            "inputs": "import os", "parameters": {"max_new_tokens": 12}, "stream": True, "adapters": "shouter"}, timeout=120) as s:
+        lines = [json.loads(line) for line in s.iter_lines() if line.strip()]
+    assert lines[-1]["generated_text"].startswith(SHOUT)
+    assert "".join(line["token"]["text"] for line in lines[:-1]).startswith(SHOUT)
+    # other adapters and the base model are untouched by shouter's formatter
+    assert lmi(lora, "def main():", adapter="hello-printer").json()["generated_text"].startswith(HELLO)
+    base_text = lmi(lora, "def main():", max_new_tokens=20).json()["generated_text"]
+    assert SHOUT not in base_text
+
+
+def test_precedence_header_then_body_then_model(lora):
+    r = lmi(lora, adapter="hello-printer", header="shouter")
+    assert r.json()["generated_text"].startswith(SHOUT)
+    r = post(lora, "/v1/completions", {"model": "hello-printer", "prompt": "x", "max_tokens": 12, "temperature": 0},
+             headers={HEADER: "shouter"})
+    assert r.json()["choices"][0]["text"].startswith(SHOUT)
+    r = post(lora, "/invocations", {"model": "lmi-demo", "prompt": "x", "max_tokens": 12, "temperature": 0},
+             headers={HEADER: "hello-printer"})
+    assert r.json()["choices"][0]["text"].startswith(HELLO)
+
+
+def test_eviction_and_reload(lora):
+    before = {n: loads(lora, n) for n in ("hello-printer", "shouter", "hello-copy")}
+    for name in ("hello-printer", "shouter", "hello-copy", "hello-printer", "shouter"):
+        r = lmi(lora, "def main():", adapter=name)
+        assert r.status_code == 200
+        assert r.json()["generated_text"].startswith(SHOUT if name == "shouter" else HELLO), (name, r.text)
+    after = {n: loads(lora, n) for n in before}
+    # max_loras=2: hello-copy evicts one of the others; each reload is a counted load
+    assert after["hello-copy"] - before["hello-copy"] == 1
+    assert sum(after.values()) - sum(before.values()) >= 3
+    resident = [a["name"] for a in httpx.get(lora.base_url + "/adapters").json()["adapters"] if a["status"] == "loaded"]
+    assert len(resident) <= 2
+    assert "lmi_adapter_evictions_total" in httpx.get(lora.base_url + "/metrics").text
+
+
+# ---------------------------------------------------------------- errors, each followed by a healthy request
+
+
+def test_unknown_adapter_is_404_naming_it(lora):
+    r = lmi(lora, adapter="no-such-adapter")
+    assert r.status_code == 404 and "no-such-adapter" in r.json()["error"]
+    assert_healthy(lora)
+    r = lmi(lora, header="ghost-adapter")
+    assert r.status_code == 404 and "ghost-adapter" in r.json()["error"]
+    r = post(lora, "/v1/completions", {"model": "phantom", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 404 and "phantom" in r.json()["error"]["message"]
+    r = post(lora, "/v1/chat/completions", {"model": "lmi-demo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+             headers={HEADER: "phantom"})
+    assert r.status_code == 404 and "phantom" in r.json()["error"]["message"]
+    assert_healthy(lora)
+
+
+def test_broken_script_is_424(lora):
+    r = lmi(lora, adapter="broken-script")
+    assert r.status_code == 424 and "no_such_module_for_lora_tests" in r.json()["error"], r.text
+    r = post(lora, "/v1/completions", {"model": "broken-script", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 424
+    assert_healthy(lora)
+
+
+def test_raising_formatter_is_424_with_its_message(lora):
+    r = lmi(lora, adapter="raising")
+    assert r.status_code == 424 and "formatter refused" in r.json()["error"], r.text
+    r = post(lora, "/v1/completions", {"model": "raising", "prompt": "x", "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 424 and "formatter refused" in r.json()["error"]["message"]
+    with httpx.stream("POST", lora.base_url + "/v1/completions", json={
+            "model": "raising", "prompt": "x", "max_tokens": 4, "stream": True}, timeout=120) as s:
+        s.read()
+        assert s.status_code == 424
+    assert_healthy(lora)
+
+
+def _copy(lora, src: str, name: str) -> Path:
+    dst = lora.adapter_root / name
+    shutil.copytree(lora.adapter_root / src, dst)
+    return dst
+
+
+def _edit_config(path: Path, **changes) -> None:
+    cfg = json.loads((path / "adapter_config.json").read_text())
+    cfg.update(changes)
+    (path / "adapter_config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("rank", "exceeds option.max_lora_rank=8"),
+        ("base", "trained for base model"),
+        ("missing", "adapter_model.safetensors is missing"),
+        ("corrupt", "corrupt"),
+        ("targets", "do not exist in the base model"),
+        ("outside", "outside the allowed adapter root"),
+        ("name", "invalid adapter name"),
+        ("script", "failed to import"),
+    ],
+)
+def test_register_validation_errors_are_400(lora, tmp_path, case, expected):
+    name = f"bad-{case}"
+    src = name
+    if case == "outside":
+        src = str(shutil.copytree(lora.adapter_root / "hello-printer", tmp_path / "elsewhere"))
+    elif case == "name":
+        name = "../evil"
+        src = "hello-printer"
+    else:
+        path = _copy(lora, "hello-printer", name)
+        if case == "rank":
+            _edit_config(path, r=16)
+        elif case == "base":
+            _edit_config(path, base_model_name_or_path="meta-llama/Llama-3.1-8B")
+        elif case == "missing":
+            (path / "adapter_model.safetensors").unlink()
+        elif case == "corrupt":
+            (path / "adapter_model.safetensors").write_bytes(b"\x00" * 100)
+        elif case == "targets":
+            _edit_config(path, target_modules=["q_proj", "router_proj"])
+        elif case == "script":
+            (path / "model.py").write_text("def broken(:\n")
+    r = post(lora, "/adapters", {"name": name, "src": src})
+    assert r.status_code == 400, r.text
+    assert expected in r.json()["error"]["message"]
+    assert httpx.get(lora.base_url + f"/adapters/{name.replace('/', '%2F')}").status_code in (404, 400)
+    assert_healthy(lora)
+
+
+def test_register_use_and_delete_through_the_api(lora):
+    _copy(lora, "hello-printer", "fresh")
+    r = post(lora, "/models/lmi-demo/adapters", params={"name": "fresh", "src": "fresh", "preload": "true"})
+    assert r.status_code == 200, r.text
+    assert r.json()["adapter"]["status"] == "loaded" and loads(lora, "fresh") == 1
+    assert post(lora, "/adapters", {"name": "fresh", "src": "fresh"}).status_code == 409
+    assert "fresh" in [m["id"] for m in httpx.get(lora.base_url + "/v1/models").json()["data"]]
+    r = lmi(lora, adapter="fresh")
+    assert r.json()["generated_text"].startswith(HELLO)
+
+    # a request in flight when the adapter is deleted finishes normally
+    result = {}
+
+    def long_request():
+        result["r"] = lmi(lora, "def main():", adapter="fresh", max_new_tokens=300, ignore_eos=True)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    for _ in range(200):
+        if httpx.get(lora.base_url + "/adapters/fresh").json().get("in_flight"):
+            break
+        time.sleep(0.05)
+    d = httpx.delete(lora.base_url + "/adapters/fresh")
+    assert d.status_code == 200, d.text
+    assert lmi(lora, adapter="fresh").status_code == 404
+    t.join(300)
+    assert result["r"].status_code == 200 and result["r"].json()["generated_text"].startswith(HELLO)
+    assert httpx.delete(lora.base_url + "/adapters/fresh").status_code == 404
+    assert "fresh" not in [m["id"] for m in httpx.get(lora.base_url + "/v1/models").json()["data"]]
+    # re-register under the model-scoped path, then delete there
+    r = post(lora, "/models/lmi-demo/adapters", {"name": "fresh", "src": "fresh"})
+    assert r.status_code == 200 and r.json()["adapter"]["status"] == "registered"
+    assert httpx.delete(lora.base_url + "/models/lmi-demo/adapters/fresh").status_code == 200
+    assert httpx.get(lora.base_url + "/models/other-model/adapters").status_code == 404
+    assert_healthy(lora)
