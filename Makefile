@@ -9,7 +9,7 @@ PORT   ?= 8080
 # cpu or gpu; detected from the host unless given.
 FLAVOUR ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 
-.PHONY: setup serve test unit e2e bench clean-venv
+.PHONY: setup serve test unit e2e cluster cluster-down clean-venv
 
 setup: $(STAMP)
 
@@ -32,6 +32,13 @@ unit: setup
 
 e2e: setup
 	$(PY) -m pytest tests/e2e
+
+# Two replicas + Redis + vllm-router on loopback (see deploy/README.md).
+cluster: setup
+	deploy/cluster.sh up
+
+cluster-down:
+	deploy/cluster.sh down
 
 clean-venv:
 	rm -rf $(VENV)

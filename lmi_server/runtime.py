@@ -76,9 +76,10 @@ def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, buil
     if cfg.model.source == "demo" and cfg.speculative.speculative_method in ("eagle",):
         from lmi_server.demo import builder
 
-        ensure_draft = getattr(builder, "ensure_demo_draft", None)
-        if ensure_draft is not None and build_demo:
-            default_draft = str(ensure_draft())
+        try:  # the demo kit ships a trained EAGLE head for the demo model
+            default_draft = str(builder.ensure_demo_draft())
+        except FileNotFoundError:
+            default_draft = None
     try:
         return build_speculative_config(cfg, str(engine_args["model"]), default_draft)
     except SpeculativeConfigError as exc:

@@ -23,6 +23,7 @@ router = APIRouter()
 
 
 @router.get("/ping")
+@router.get("/health", include_in_schema=False)  # the name routers and load balancers probe
 async def ping(request: Request):
     state = request.app.state.engine_owner.state
     if state.healthy:

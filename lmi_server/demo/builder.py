@@ -4,6 +4,11 @@ The tokenizer is a byte-level BPE trained on the Python standard library's own s
 on every machine with Python); the weights are created deterministically from a seed. The result
 is an ordinary Hugging Face model directory, so the server loads it through exactly the same path
 as a real model.
+
+When the trained kit is present (lmi_server/demo/kit: a Llama model trained on those same
+sources plus its EAGLE-1 draft head, made by scripts/train_demo_kit.py), ensure_demo_model()
+installs that trained model instead, and ensure_demo_draft() returns its draft head; the
+random-weight builder stays available as ensure_random_demo_model() / build_demo_model().
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ multiprocess server (`python -m lmcache.v1.multiprocess.server`, flags from its 
     local_disk + extra_config     → --l2-adapter {"type": "fs", "base_path": ..., "use_odirect": ...}
     remote_url redis://h:p        → --l2-adapter {"type": "resp", "host": h, "port": p}
     mp_host / mp_port             → --host / --port
+    mp_shm: true (engine_driven)  → --shm-name lmcache_mp_<port>  (CPU tier in /dev/shm: hits are not pickled)
 
 The transfer mode follows the platform: `engine_driven` on CPU (the only mode the CPU engine
 can register; without it the worker hangs 300 s in register_kv_caches), `lmcache_driven`
@@ -79,6 +80,12 @@ class LMCacheFileConfig(BaseModel):
     cache_policy: Literal["LRU", "ARC"] = Field("LRU", description="Eviction policy of the CPU tier.")
     mp_host: str | None = Field(None, description="Host the MP server binds (default localhost).")
     mp_port: int | None = Field(None, ge=1, le=65535, description="Port of the MP server.")
+    mp_shm: bool = Field(
+        False,
+        description="CPU hosts (engine_driven transfer): keep the CPU tier in a /dev/shm segment that the "
+        "engine's workers copy from directly, instead of pickling every hit over ZMQ. Needs /dev/shm at "
+        "least as large as max_local_cpu_size (LMCache falls back to pickling otherwise).",
+    )
     extra_config: ExtraConfig = Field(default_factory=ExtraConfig)
 
     @field_validator("local_disk")
@@ -239,6 +246,11 @@ def tiers_from_config(
     if remote is not None:
         reasons.append(f"remote tier {remote.redacted_url()} via LMCache's resp (Redis protocol) L2 adapter")
     mode = transfer_mode_for(platform)
+    if cfg.mp_shm:
+        if mode == "engine_driven":
+            reasons.append("CPU tier in /dev/shm (mp_shm): engine workers copy hits from it directly, no pickling")
+        else:
+            warnings.append("mp_shm applies to engine_driven transfer (CPU hosts) only; ignored on CUDA")
     reasons.append(
         f"transfer mode {mode}: "
         + ("CUDA host, zero-copy IPC" if platform == "cuda" else "CPU host, the only mode the CPU engine can register")
@@ -276,8 +288,8 @@ def l2_adapter_specs(tiers: CacheTiers) -> list[dict[str, Any]]:
     return specs
 
 
-def mp_server_argv(tiers: CacheTiers, python: str | None = None) -> list[str]:
-    """The full command line of the LMCache MP server for these tiers."""
+def mp_server_argv(tiers: CacheTiers, python: str | None = None, *, shm: bool = False) -> list[str]:
+    """The full command line of the LMCache MP server for these tiers (`shm`: the file's mp_shm)."""
     argv = [
         python or sys.executable, "-m", MP_SERVER_MODULE,
         "--host", tiers.host,
@@ -288,9 +300,21 @@ def mp_server_argv(tiers: CacheTiers, python: str | None = None) -> list[str]:
         "--supported-transfer-mode", tiers.transfer_mode,
         "--prometheus-port", str(tiers.metrics_port),
     ]
+    if shm and tiers.transfer_mode == "engine_driven":
+        # Put the CPU tier in a POSIX shared-memory segment: the engine's workers then copy KV
+        # straight between the segment and their paged KV cache. Without it LMCache pickles every
+        # hit over ZMQ (clone, pickle, send, unpickle, copy). One name per port: a restarted
+        # server on the same port reclaims a stale segment; the supervisor unlinks it at stop.
+        # LMCache itself falls back to pickle when /dev/shm is smaller than the tier.
+        argv += ["--shm-name", shm_segment_name(tiers.port)]
     for spec in l2_adapter_specs(tiers):
         argv += ["--l2-adapter", json.dumps(spec, separators=(",", ":"))]
     return argv
+
+
+def shm_segment_name(port: int) -> str:
+    """The /dev/shm segment holding the MP server's CPU tier (engine_driven transfer)."""
+    return f"lmcache_mp_{port}"
 
 
 def mp_kv_transfer_config(tiers: CacheTiers) -> dict[str, Any]:
@@ -381,7 +405,7 @@ def plan_from_config_file(
     return KVCachePlan(
         mode="mp",
         kv_transfer_config=mp_kv_transfer_config(tiers),
-        server_argv=mp_server_argv(tiers, python),
+        server_argv=mp_server_argv(tiers, python, shm=cfg.mp_shm),
         env=env,
         reasons=reasons,
         source="config_file",

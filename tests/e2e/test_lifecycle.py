@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -29,7 +30,12 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return out
 
 
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
 def test_sigterm_lets_in_flight_request_finish_and_leaves_no_process(tmp_path):
+    shm_before = _shm()
     server = _start(tmp_path)
     try:
         server.wait_ready()
@@ -62,6 +68,8 @@ def test_sigterm_lets_in_flight_request_finish_and_leaves_no_process(tmp_path):
         while _alive(children) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not _alive(children), f"orphans: {_alive(children)}"
+        ours = {name for name in _shm() - shm_before if name.startswith(("psm_", "lmcache"))}
+        assert not ours, f"shared-memory segments left behind: {ours}"
     finally:
         server.stop()
 

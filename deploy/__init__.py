@@ -1,0 +1,1 @@
+"""Local scale-out cluster recipe (see deploy/README.md)."""

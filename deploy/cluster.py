@@ -1,0 +1,527 @@
+"""A local scale-out cluster on loopback: a Redis-protocol server (LMCache's shared remote tier),
+N replicas of `lmi-server serve` and vLLM's router (`vllm-router`, PyPI) in front of them.
+
+    python deploy/cluster.py up   [--replicas 2] [--policy consistent_hash] [--no-shared-cache] [--prop KEY=VALUE ...]
+    python deploy/cluster.py status
+    python deploy/cluster.py down
+
+Everything binds 127.0.0.1. Every process is started in its own session and recorded in
+STATE_DIR (default /tmp/lmi-cluster, or $LMI_CLUSTER_DIR) as `<name>.pid` plus `cluster.json`
+(ports, URLs); `down` stops them with SIGTERM (SIGKILL after a grace period), checking each
+pid's start time so that a recycled pid is never signalled. Logs: STATE_DIR/<name>.log.
+
+The same module is the library behind tests/e2e/test_scale_out.py and benchmarks/multi_round_qa.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LOOPBACK = "127.0.0.1"
+DEFAULT_STATE_DIR = Path(os.environ.get("LMI_CLUSTER_DIR", "/tmp/lmi-cluster"))
+REDIS_YAML = REPO / "lmcache_configs" / "cpu_redis.yaml"
+CPU_YAML = REPO / "lmcache_configs" / "cpu.yaml"
+
+# Engine settings for the local demo cluster (CPU host); --prop overrides or adds keys.
+REPLICA_PROPS = {
+    "engine": "Python",
+    "option.cpu_kv_cache_space": "1",
+    "option.enforce_eager": "true",
+    "option.max_model_len": "4096",
+    "option.max_request_bytes": "400000",
+}
+# The router's view of a replica: SageMaker's health route, checked often so that a dead replica
+# leaves the hash ring within seconds (defaults: every 60 s, 3 failures).
+ROUTER_HEALTH_ARGS = [
+    "--health-check-endpoint", "/ping",
+    "--health-check-interval-secs", "2",
+    "--health-failure-threshold", "1",
+    "--health-success-threshold", "1",
+    "--health-check-timeout-secs", "2",
+    "--worker-startup-check-interval", "1",
+    "--worker-startup-timeout-secs", "60",
+]
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def redis_server_binary() -> str | None:
+    """`redis-server` (Debian package redis-server) or `valkey-server`, whichever is installed."""
+    return shutil.which("redis-server") or shutil.which("valkey-server")
+
+
+def router_binary() -> str | None:
+    """The `vllm-router` console script of the PyPI package, next to this Python first."""
+    local = Path(sys.executable).with_name("vllm-router")
+    return str(local) if local.exists() else shutil.which("vllm-router")
+
+
+def resp_command(port: int, *args: str, timeout: float = 2.0) -> bytes:
+    """One RESP command against the Redis-protocol server (no client library needed)."""
+    payload = f"*{len(args)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
+    with socket.create_connection((LOOPBACK, port), timeout=timeout) as s:
+        s.sendall(payload)
+        return s.recv(65536)
+
+
+def redis_dbsize(port: int) -> int:
+    reply = resp_command(port, "DBSIZE")
+    if not reply.startswith(b":"):
+        raise ClusterError(f"unexpected DBSIZE reply {reply!r}")
+    return int(reply[1:].split(b"\r\n")[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes with pid files
+# ---------------------------------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat: the process start time in clock ticks (identifies a pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def pid_alive(pid: int, start: str | None) -> bool:
+    """Whether `pid` still runs the process that had `start` as its start time (not a zombie)."""
+    return _alive(pid, start)
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    now = _start_time(pid)
+    if now is None:
+        return False
+    if start is not None and now != start:
+        return False  # the pid was recycled by another process
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@dataclass
+class Proc:
+    """A child process started in its own session, described by STATE_DIR/<name>.pid."""
+
+    name: str
+    pid: int
+    start: str | None
+    port: int
+    url: str
+    log: str
+
+    @classmethod
+    def spawn(cls, name: str, argv: list[str], port: int, url: str, state_dir: Path, env: dict[str, str] | None = None) -> "Proc":
+        log = state_dir / f"{name}.log"
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=REPO, env={**os.environ, **(env or {})}, start_new_session=True,
+            )
+        proc = cls(name, popen.pid, _start_time(popen.pid), port, url, str(log))
+        proc._popen = popen  # reaped by stop() when we are its parent
+        (state_dir / f"{name}.pid").write_text(f"{popen.pid}\n")
+        return proc
+
+    @property
+    def alive(self) -> bool:
+        popen = getattr(self, "_popen", None)
+        if popen is not None and popen.poll() is not None:
+            return False
+        return _alive(self.pid, self.start)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def signal_group(self, sig: int) -> None:
+        if not _alive(self.pid, self.start):
+            return
+        try:
+            os.killpg(self.pid, sig)  # the session leader's group: the server and its children
+        except ProcessLookupError:
+            pass
+
+    def descendants(self) -> list[tuple[int, str | None]]:
+        """(pid, start time) of every live descendant, including children that run in their own
+        session (lmi-server's LMCache cache server does)."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry.name))
+        out, todo = [], list(children.get(self.pid, [])) if _alive(self.pid, self.start) else []
+        while todo:
+            pid = todo.pop()
+            out.append((pid, _start_time(pid)))
+            todo.extend(children.get(pid, []))
+        return out
+
+    def kill(self) -> None:
+        """SIGKILL the server and everything under it at once (a crashed host, for failover tests)."""
+        below = self.descendants()
+        self.signal_group(signal.SIGKILL)
+        self._reap(10)
+        _kill_leftovers(below, grace_s=0)
+
+    def stop(self, grace_s: float = 60) -> None:
+        below = self.descendants()
+        self.signal_group(signal.SIGTERM)
+        if not self._reap(grace_s):
+            self.signal_group(signal.SIGKILL)
+            self._reap(10)
+        _kill_leftovers(below, grace_s=15)
+        # Group members that outlived the leader (none expected): while one exists, Linux keeps
+        # the leader's pid reserved, so the group id still names only our processes.
+        for _ in range(50):
+            if not self.group_members():
+                break
+            if _start_time(self.pid) not in (None, self.start):
+                break  # pid recycled as a new group leader: not ours
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+
+    def group_members(self) -> list[int]:
+        members = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[2]) == self.pid and fields[0] != "Z":
+                    members.append(int(entry.name))
+        return members
+
+    def _reap(self, timeout: float) -> bool:
+        popen = getattr(self, "_popen", None)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if popen is not None:
+                popen.poll()
+            if not _alive(self.pid, self.start):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in ("name", "pid", "start", "port", "url", "log")}
+
+
+def _kill_leftovers(procs: list[tuple[int, str | None]], grace_s: float) -> None:
+    """Descendants that outlived their parent (orphaned by a SIGKILL): wait a little for their
+    own shutdown, then SIGKILL them, each checked by start time so a recycled pid is left alone."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(pid, start) for pid, start in procs):
+        time.sleep(0.2)
+    for pid, start in procs:
+        if _alive(pid, start):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _wait_http(proc: Proc, path: str, timeout: float, ok=lambda r: r.status_code == 200) -> float:
+    import httpx
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if not proc.alive:
+            raise ClusterError(f"{proc.name} exited while starting; {proc.log}:\n{proc.log_tail()}")
+        try:
+            if ok(httpx.get(proc.url + path, timeout=5)):
+                return time.monotonic() - t0
+        except Exception:  # noqa: BLE001 - connection refused / reset while it boots
+            pass
+        time.sleep(0.5)
+    raise ClusterError(f"{proc.name} not ready after {timeout:.0f} s; {proc.log}:\n{proc.log_tail()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    state_dir: Path = DEFAULT_STATE_DIR
+    replicas: int = 2
+    policy: str = "consistent_hash"
+    shared_cache: bool = True
+    props: dict[str, str] = field(default_factory=dict)
+    l1_size_gb: float = 1.0
+    redis_maxmemory: str = "2gb"
+    redis: Proc | None = None
+    servers: list[Proc] = field(default_factory=list)
+    router: Proc | None = None
+
+    # -- pieces ---------------------------------------------------------------------------
+
+    def start_redis(self) -> Proc:
+        binary = redis_server_binary()
+        if binary is None:
+            raise ClusterError("redis-server is not installed (Debian: apt-get install -y redis-server)")
+        port = free_port()
+        argv = [
+            binary, "--bind", LOOPBACK, "--port", str(port), "--protected-mode", "yes",
+            "--save", "", "--appendonly", "no", "--daemonize", "no",
+            "--dir", str(self.state_dir), "--maxmemory", self.redis_maxmemory,
+            "--maxmemory-policy", "allkeys-lru",
+        ]
+        self.redis = Proc.spawn("redis", argv, port, f"redis://{LOOPBACK}:{port}", self.state_dir)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if resp_command(port, "PING").startswith(b"+PONG"):
+                    break
+            except OSError:
+                pass
+            if not self.redis.alive or time.monotonic() > deadline:
+                raise ClusterError(f"redis-server did not start:\n{self.redis.log_tail()}")
+            time.sleep(0.2)
+        self._save()
+        return self.redis
+
+    def lmcache_yaml(self) -> Path:
+        """The replicas' LMCache file: lmcache_configs/cpu_redis.yaml with this cluster's Redis
+        URL (or cpu.yaml without the shared tier), the CPU tier sized for a shared test host."""
+        source = REDIS_YAML if self.shared_cache else CPU_YAML
+        cfg = yaml.safe_load(source.read_text())
+        cfg["max_local_cpu_size"] = self.l1_size_gb
+        cfg["mp_host"] = LOOPBACK  # each replica's own cache server, on loopback
+        if self.shared_cache:
+            if self.redis is None:
+                raise ClusterError("start the Redis-protocol server before the replicas")
+            cfg["remote_url"] = self.redis.url
+        path = self.state_dir / "lmcache.yaml"
+        path.write_text(f"# generated by deploy/cluster.py from {source.relative_to(REPO)}\n" + yaml.safe_dump(cfg, sort_keys=False))
+        return path
+
+    def start_replicas(self, timeout: float = 600) -> list[Proc]:
+        """Start every replica at once, then wait for all (engine start is 30-60 s on CPU)."""
+        config = self.lmcache_yaml()
+        props = {**REPLICA_PROPS, "option.lmcache_config_file": str(config), **self.props}
+        for i in range(self.replicas):
+            self.servers.append(self._spawn_replica(i, props))
+        self._save()
+        for proc in self.servers:
+            _wait_http(proc, "/ping", timeout)
+        return self.servers
+
+    def _spawn_replica(self, i: int, props: dict[str, str]) -> Proc:
+        model_dir = self.state_dir / f"replica-{i}"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        port = free_port()
+        argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(model_dir), "--host", LOOPBACK, "--port", str(port)]
+        # Every process that shares a cache must hash alike (LMCache chunk keys).
+        env = {"PYTHONHASHSEED": props.get("option.lmcache_hash_seed", "0")}
+        return Proc.spawn(f"replica-{i}", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir, env)
+
+    def start_router(self, policy: str | None = None, timeout: float = 90) -> Proc:
+        binary = router_binary()
+        if binary is None:
+            raise ClusterError("vllm-router is not installed (pip install vllm-router==0.1.17)")
+        if policy is not None:
+            self.policy = policy
+        import httpx
+
+        for server in self.servers:  # the router's start-up gate probes /health, not --health-check-endpoint
+            if httpx.get(server.url + "/health", timeout=10).status_code == 404:
+                raise ClusterError(
+                    f"{server.name} does not answer GET /health, which vllm-router 0.1.17 probes before it "
+                    "starts routing (its --health-check-endpoint only applies to later checks); lmi-server "
+                    "needs /health as an alias of /ping"
+                )
+        port = free_port()
+        argv = [
+            binary, "--host", LOOPBACK, "--port", str(port),
+            "--worker-urls", *[s.url for s in self.servers],
+            "--policy", self.policy,
+            "--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port()),
+            "--log-level", "warning",
+            *ROUTER_HEALTH_ARGS,
+        ]
+        self.router = Proc.spawn("router", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir)
+        self._save()
+        # /v1/models answers once the router has registered its healthy workers.
+        _wait_http(self.router, "/v1/models", timeout)
+        return self.router
+
+    def stop_router(self) -> None:
+        if self.router is not None:
+            self.router.stop(grace_s=10)
+            (self.state_dir / "router.pid").unlink(missing_ok=True)
+            self.router = None
+            self._save()
+
+    # -- whole cluster --------------------------------------------------------------------
+
+    def up(self, with_router: bool = True) -> "Cluster":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if (self.state_dir / "cluster.json").exists() and any(p.alive for p in load_procs(self.state_dir)):
+            raise ClusterError(f"a cluster is already running from {self.state_dir}; run `down` first")
+        try:
+            if self.shared_cache:
+                self.start_redis()
+            self.start_replicas()
+            if with_router:
+                self.start_router()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        # Front to back: router, replicas (they flush nothing to Redis on exit), Redis.
+        procs = [p for p in (self.router, *self.servers, self.redis) if p is not None]
+        stop_all(procs, self.state_dir)
+        self.router, self.servers, self.redis = None, [], None
+        (self.state_dir / "cluster.json").unlink(missing_ok=True)
+
+    def __enter__(self) -> "Cluster":
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def describe(self) -> dict:
+        return {
+            "policy": self.policy,
+            "shared_cache": self.shared_cache,
+            "redis": self.redis.to_json() if self.redis else None,
+            "replicas": [s.to_json() for s in self.servers],
+            "router": self.router.to_json() if self.router else None,
+        }
+
+    def _save(self) -> None:
+        (self.state_dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
+
+
+def stop_all(procs: list[Proc], state_dir: Path) -> None:
+    """SIGTERM every process at once (they shut down in parallel), wait, SIGKILL what is left,
+    including descendants that run in their own session, and remove the pid files."""
+    below = [d for p in procs for d in p.descendants()]
+    for proc in procs:
+        proc.signal_group(signal.SIGTERM)
+    for proc in procs:
+        proc.stop(grace_s=60)
+        (state_dir / f"{proc.name}.pid").unlink(missing_ok=True)
+    _kill_leftovers(below, grace_s=15)
+
+
+def load_procs(state_dir: Path) -> list[Proc]:
+    """The processes recorded by an earlier `up` (for `status` and `down` from another shell)."""
+    try:
+        doc = json.loads((state_dir / "cluster.json").read_text())
+    except (OSError, ValueError):
+        doc = {}
+    entries = [doc.get("router"), *doc.get("replicas", []), doc.get("redis")]
+    procs = [Proc(**e) for e in entries if e]
+    known = {p.name for p in procs}
+    for pidfile in sorted(state_dir.glob("*.pid")):  # a crash between spawn and cluster.json
+        if pidfile.stem not in known:
+            try:
+                pid = int(pidfile.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            procs.append(Proc(pidfile.stem, pid, None, 0, "", str(state_dir / f"{pidfile.stem}.log")))
+    return procs
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def _cmd_up(args) -> int:
+    props = dict(p.split("=", 1) for p in args.prop)
+    cluster = Cluster(
+        state_dir=args.state_dir, replicas=args.replicas, policy=args.policy,
+        shared_cache=not args.no_shared_cache, props=props, l1_size_gb=args.l1_size_gb,
+    )
+    t0 = time.monotonic()
+    cluster.up(with_router=not args.no_router)
+    print(json.dumps(cluster.describe(), indent=2))
+    front = cluster.router.url if cluster.router else cluster.servers[0].url
+    print(f"\ncluster up in {time.monotonic() - t0:.0f} s; send requests to {front}; stop with: {Path(__file__).name} down", file=sys.stderr)
+    return 0
+
+
+def _cmd_status(args) -> int:
+    procs = load_procs(args.state_dir)
+    if not procs:
+        print(f"no cluster recorded in {args.state_dir}")
+        return 1
+    for p in procs:
+        print(f"{p.name:<10} pid {p.pid:<8} {'up  ' if p.alive else 'DOWN'} {p.url}")
+    return 0 if all(p.alive for p in procs) else 1
+
+
+def _cmd_down(args) -> int:
+    procs = load_procs(args.state_dir)
+    stop_all(procs, args.state_dir)
+    for p in procs:
+        print(f"stopped {p.name} (pid {p.pid})")
+    (args.state_dir / "cluster.json").unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="cluster", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="pid files, logs, generated configs")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start Redis, the replicas and the router")
+    up.add_argument("--replicas", type=int, default=2)
+    up.add_argument("--policy", default="consistent_hash",
+                    help="vllm-router policy: consistent_hash (session-sticky), round_robin, cache_aware, power_of_two, ...")
+    up.add_argument("--no-shared-cache", action="store_true", help="replicas without the Redis tier (CPU tier only)")
+    up.add_argument("--no-router", action="store_true")
+    up.add_argument("--l1-size-gb", type=float, default=1.0, help="LMCache CPU tier per replica (allocated up front on CPU)")
+    up.add_argument("--prop", action="append", default=[], metavar="KEY=VALUE", help="extra serving.properties line, e.g. option.dtype=fp32")
+    sub.add_parser("status", help="list the recorded processes")
+    sub.add_parser("down", help="stop everything recorded in the state directory")
+    args = ap.parse_args(argv)
+    try:
+        return {"up": _cmd_up, "status": _cmd_status, "down": _cmd_down}[args.cmd](args)
+    except ClusterError as e:
+        print(f"cluster: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Local scale-out cluster on 127.0.0.1: Redis (LMCache's shared tier) + lmi-server replicas + vllm-router.
+#   deploy/cluster.sh up [--replicas 2] [--policy consistent_hash|round_robin|...] [--no-shared-cache] [--prop KEY=VALUE]
+#   deploy/cluster.sh status
+#   deploy/cluster.sh down
+# State (pid files, logs, generated serving.properties / LMCache YAML): $LMI_CLUSTER_DIR or /tmp/lmi-cluster.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+exec "$PY" deploy/cluster.py "$@"
