@@ -27,7 +27,7 @@ def lmcache_server(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("lmcache-model")
     disk = tmp_path_factory.mktemp("lmcache-disk")
     (model_dir / "lmcache.yaml").write_text(
-        f"chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
+        f"chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\nmp_shm: true\n"
         f"local_disk: \"file://{disk}\"\nmax_local_disk_size: 2\nextra_config:\n  use_odirect: true\n"
     )
     props = {**BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
