@@ -27,7 +27,7 @@ def lmcache_server(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("lmcache-model")
     disk = tmp_path_factory.mktemp("lmcache-disk")
     (model_dir / "lmcache.yaml").write_text(
-        f"chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\nmp_shm: true\n"
+        f"chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
         f"local_disk: \"file://{disk}\"\nmax_local_disk_size: 2\nextra_config:\n  use_odirect: true\n"
     )
     props = {**BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
@@ -86,10 +86,17 @@ def test_second_request_reuses_kv_from_lmcache_with_identical_text(lmcache_serve
 def test_cache_server_killed_mid_traffic_recovers_and_hits_from_disk(lmcache_server):
     prompt = long_prompt(11000)
     reference = complete(lmcache_server, prompt)  # stored in L1 and on disk
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(Path(lmcache_server.disk).rglob("*")):
+    # Disk writes complete after the response: wait until every chunk in L1 is also on disk.
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        text = metrics(lmcache_server)
+        written = metric_value(text, "lmi_lmcache_l1_written_chunks_total") or 0
+        on_disk = metric_value(text, "lmi_lmcache_l2_stored_chunks_total") or 0
+        if written and on_disk >= written:
+            break
         time.sleep(0.5)
-    assert any(Path(lmcache_server.disk).rglob("*")), "nothing was written to the disk tier"
+    assert written and on_disk >= written, f"only {on_disk} of {written} chunks reached the disk tier"
+    assert any(Path(lmcache_server.disk).rglob("*"))
 
     before = metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total")
     os.kill(cache_server_pid(lmcache_server), signal.SIGKILL)
@@ -104,14 +111,18 @@ def test_cache_server_killed_mid_traffic_recovers_and_hits_from_disk(lmcache_ser
             break
         time.sleep(1)
     assert metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total") == before + 1
-    # L1 died with the process; the disk tier still holds the chunks: hits resume from L2.
-    deadline = time.monotonic() + 60
-    while True:
-        again = complete(lmcache_server, prompt)
-        l2_hits = metric_value(metrics(lmcache_server), "lmi_lmcache_lookup_hit_l2_tokens_total") or 0
-        if l2_hits > 0 or time.monotonic() > deadline:
+    # The engine's connector reconnects to the new server: wait until its lookups arrive there
+    # (an unrelated prompt, so the chunks under test are not recomputed into L1 meanwhile).
+    other = Path(sysconfig.get_paths()["stdlib"], "typing.py").read_text()[:6000]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        complete(lmcache_server, other, 2)
+        if (metric_value(metrics(lmcache_server), "lmi_lmcache_lookup_requested_tokens_total") or 0) > 0:
             break
         time.sleep(2)
+    # L1 died with the process; the disk tier still holds the chunks: hits come from L2.
+    again = complete(lmcache_server, prompt)
+    l2_hits = metric_value(metrics(lmcache_server), "lmi_lmcache_lookup_hit_l2_tokens_total") or 0
     assert again["choices"][0]["text"] == reference["choices"][0]["text"]
     assert l2_hits > 0
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0

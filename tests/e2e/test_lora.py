@@ -186,10 +186,10 @@ def test_formatter_runs_for_its_adapter_only(lora):
 def test_precedence_header_then_body_then_model(lora):
     r = lmi(lora, adapter="hello-printer", header="shouter")
     assert r.json()["generated_text"].startswith(SHOUT)
-    r = post(lora, "/v1/completions", {"model": "hello-printer", "prompt": "x", "max_tokens": 12, "temperature": 0},
+    r = post(lora, "/v1/completions", {"model": "hello-printer", "prompt": "def main():", "max_tokens": 12, "temperature": 0},
              headers={HEADER: "shouter"})
     assert r.json()["choices"][0]["text"].startswith(SHOUT)
-    r = post(lora, "/invocations", {"model": "lmi-demo", "prompt": "x", "max_tokens": 12, "temperature": 0},
+    r = post(lora, "/invocations", {"model": "lmi-demo", "prompt": "def main():", "max_tokens": 12, "temperature": 0},
              headers={HEADER: "hello-printer"})
     assert r.json()["choices"][0]["text"].startswith(HELLO)
 
