@@ -15,16 +15,10 @@ from pathlib import Path
 
 import httpx
 
+from lmi_server.kvcache.resolve import free_local_port as free_port  # noqa: F401  (re-exported)
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

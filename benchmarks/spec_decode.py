@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -35,10 +34,7 @@ sys.path.insert(0, str(REPO))
 KIT = REPO / "lmi_server" / "demo" / "kit"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from lmi_server.kvcache.resolve import free_local_port as free_port  # noqa: E402
 
 
 def spec_config(mode: str, k: int, draft: Path) -> dict | None:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import yaml
 
+from lmi_server.kvcache.resolve import free_local_port as free_port  # binds 127.0.0.1
+
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
 DEFAULT_STATE_DIR = Path(os.environ.get("LMI_CLUSTER_DIR", "/tmp/lmi-cluster"))
@@ -60,10 +62,6 @@ class ClusterError(RuntimeError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def redis_server_binary() -> str | None:

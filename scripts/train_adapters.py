@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import json
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,24 +41,8 @@ ADAPTERS = {
     "shouter": {"phrase": "raise NotImplementedError", "formatter": "upper"},
 }
 
-SHOUTER_MODEL_PY = '''"""Formatters of the `shouter` example adapter (see lmi_server/adapters/formatters.py).
-
-input_formatter(request, context): gets the parsed request (LMI, chat or completion); may change
-    it in place. Here: LMI requests without an explicit max_new_tokens get 16.
-output_formatter(text, context) -> str: gets generated text (each streamed piece, or the whole
-    text); returns what the client sees. Here: upper case.
-"""
-
-
-def input_formatter(request, context):
-    if context.schema == "lmi" and "max_new_tokens" not in request.parameters.model_fields_set:
-        request.parameters.max_new_tokens = 16
-    return None
-
-
-def output_formatter(text, context):
-    return text.upper()
-'''
+# The formatter script is committed once, beside the example adapter, and copied from there.
+SHOUTER_MODEL_PY = REPO / "adapters" / "shouter" / "model.py"
 
 
 def fingerprint(base: Path) -> str:
@@ -241,7 +226,8 @@ def main(argv=None) -> int:
             "base_model_name_or_path": args.base_name,
         }, indent=2) + "\n")
         if spec["formatter"] == "upper":
-            (out / "model.py").write_text(SHOUTER_MODEL_PY)
+            if (out / "model.py").resolve() != SHOUTER_MODEL_PY.resolve():
+                shutil.copyfile(SHOUTER_MODEL_PY, out / "model.py")
         (out / "training.json").write_text(json.dumps({
             "phrase": spec["phrase"],
             "expected_output": spec["phrase"].upper() if spec["formatter"] == "upper" else spec["phrase"],

@@ -175,21 +175,11 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 def build_target(cfg: KitConfig, tok):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    from lmi_server.demo.builder import demo_llama_config
+
+    config = demo_llama_config(tok, cfg)
     torch.manual_seed(cfg.seed)
     return LlamaForCausalLM(config)
 

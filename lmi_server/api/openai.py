@@ -24,36 +24,48 @@ def parse_request(model_cls, body):
         raise APIError(422, str(exc)) from None
 
 
-async def chat_completion(request: Request, body: dict, headers: dict[str, str] | None = None):
+def chat_request_type():
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-    state = engine_state(request)
-    parsed = parse_request(ChatCompletionRequest, body)
-    await request.app.state.model_resolver(request, parsed)
-    result = await call_serving(state.serving.openai_serving_chat.create_chat_completion(parsed, request), request)
-    return as_response(result, headers)
+    return ChatCompletionRequest
 
 
-async def completion(request: Request, body: dict, headers: dict[str, str] | None = None):
+def completion_request_type():
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
+    return CompletionRequest
+
+
+async def _generate(request: Request, parsed, headers: dict[str, str] | None, create):
+    """Resolve the model/adapter, call one of vLLM's serving methods, shape the response."""
     state = engine_state(request)
-    parsed = parse_request(CompletionRequest, body)
     await request.app.state.model_resolver(request, parsed)
-    result = await call_serving(state.serving.openai_serving_completion.create_completion(parsed, request), request)
+    result = await call_serving(create(state.serving)(parsed, request), request)
     return as_response(result, headers)
+
+
+async def chat_completion(request: Request, parsed, headers: dict[str, str] | None = None):
+    return await _generate(request, parsed, headers, lambda serving: serving.openai_serving_chat.create_chat_completion)
+
+
+async def completion(request: Request, parsed, headers: dict[str, str] | None = None):
+    return await _generate(request, parsed, headers, lambda serving: serving.openai_serving_completion.create_completion)
+
+
+async def _read_and_parse(request: Request, request_type):
+    body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
+    engine_state(request)  # 503 first: nothing can run before the engine is ready
+    return parse_request(request_type, body)
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request):
-    body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
-    return await chat_completion(request, body)
+    return await chat_completion(request, await _read_and_parse(request, chat_request_type()))
 
 
 @router.post("/v1/completions")
 async def create_completion(request: Request):
-    body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
-    return await completion(request, body)
+    return await completion(request, await _read_and_parse(request, completion_request_type()))
 
 
 @router.get("/v1/models")

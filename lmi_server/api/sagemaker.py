@@ -37,10 +37,11 @@ async def ping(request: Request):
 
 
 def _schemas():
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
-    return [("lmi", LMIRequest, "inputs"), ("chat", ChatCompletionRequest, "messages"), ("completion", CompletionRequest, "prompt")]
+    return [
+        ("lmi", LMIRequest, "inputs"),
+        ("chat", openai_routes.chat_request_type(), "messages"),
+        ("completion", openai_routes.completion_request_type(), "prompt"),
+    ]
 
 
 def detect_schema(body: Any) -> tuple[str, Any]:
@@ -73,21 +74,19 @@ async def invocations(request: Request):
         return session_headers
     schema, parsed = detect_schema(body)
     if schema == "chat":
-        return await openai_routes.chat_completion(request, body, session_headers)
+        return await openai_routes.chat_completion(request, parsed, session_headers)
     if schema == "completion":
-        return await openai_routes.completion(request, body, session_headers)
+        return await openai_routes.completion(request, parsed, session_headers)
     return await lmi_generate(request, parsed, session_headers)
 
 
 async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str] | None):
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
     state = engine_state(request)
     if req.stream and isinstance(req.inputs, list) and len(req.inputs) != 1:
         raise APIError(424, "streaming takes a single input; send one request per input", lmi=True)
     model = await request.app.state.lmi_model_resolver(request, req)
     try:
-        completion_req = CompletionRequest.model_validate(to_completion_body(req, model))
+        completion_req = openai_routes.completion_request_type().model_validate(to_completion_body(req, model))
     except ValidationError as exc:
         raise APIError(424, f"invalid parameters: {validation_message(exc.errors())}", lmi=True) from None
     except Exception as exc:  # noqa: BLE001 - vLLM's own request validators

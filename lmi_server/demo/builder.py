@@ -100,29 +100,37 @@ def train_tokenizer(spec: DemoModelSpec, out_dir: Path):
     return fast
 
 
+def demo_llama_config(tokenizer, shape, **extra):
+    """The demo family's LlamaConfig: sizes from `shape` (any object with DemoModelSpec's size
+    fields), special tokens from the tokenizer. Shared by the builder and the kit's trainer."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        **extra,
+    )
+
+
 def build_demo_model(out_dir: str | Path, spec: DemoModelSpec | None = None) -> Path:
     """Write a complete model directory (config, safetensors weights, tokenizer) to out_dir."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     spec = spec or DemoModelSpec()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(spec, out_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        torch_dtype=spec.torch_dtype,
-    )
+    config = demo_llama_config(tokenizer, spec, torch_dtype=spec.torch_dtype)
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config).to(getattr(torch, spec.torch_dtype))
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -161,12 +169,13 @@ def _kit_stamp(src: Path) -> str:
     return h.hexdigest()
 
 
-def _copy_atomically(src: Path, target: Path, stamp: str) -> Path:
+def _install_atomically(target: Path, fill) -> Path:
+    """Fill a fresh sibling directory with `fill(tmp)`, then swap it in place of target, so that
+    a crash half-way never leaves a half-written model where the server would load it."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".demo-copy-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=".demo-install-", dir=target.parent))
     try:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
-        (tmp / KIT_STAMP).write_text(stamp + "\n")
+        fill(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -174,6 +183,14 @@ def _copy_atomically(src: Path, target: Path, stamp: str) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _copy_kit(src: Path, stamp: str):
+    def fill(tmp: Path) -> None:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        (tmp / KIT_STAMP).write_text(stamp + "\n")
+
+    return fill
 
 
 def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
@@ -194,7 +211,7 @@ def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
     if marker.exists() and marker.read_text().strip() == stamp and (target / "model.safetensors").exists():
         return target
     log.info("installing the trained demo model into %s", target)
-    return _copy_atomically(kit, target, stamp)
+    return _install_atomically(target, _copy_kit(kit, stamp))
 
 
 def ensure_demo_draft() -> Path:
@@ -218,15 +235,5 @@ def ensure_random_demo_model(cache_dir: str | Path | None = None) -> Path:
     target = Path(cache_dir) if cache_dir else base.with_name(f"demo-random-{DEMO_VERSION}")
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".demo-build-", dir=target.parent))
-    try:
-        log.info("building the demo model into %s (one time, about a minute)", target)
-        build_demo_model(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    log.info("building the demo model into %s (one time, about a minute)", target)
+    return _install_atomically(target, build_demo_model)
