@@ -241,6 +241,9 @@ def test_killing_a_replica_moves_its_sessions_without_failed_requests(cluster):
     victim.kill()
     thread.join(200)
     assert not victim.alive
+    # Give the router one health-check period (2 s interval + 2 s timeout, deploy/cluster.py) to
+    # mark the dead replica down; a request racing that check can still be sent to it.
+    time.sleep(5)
 
     survivor_before = served(survivor)
     failures = []
