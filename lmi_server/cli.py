@@ -1,4 +1,4 @@
-"""`lmi-server serve | config | demo-model | options` (thin: parsing and dispatch only)."""
+"""`lmi-server serve | config | demo-model | default-model | options` (thin: parsing and dispatch only)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,11 @@ def cmd_serve(args) -> int:
     cfg = _load(args)
     runtime = resolve_runtime(cfg, build_demo=True)
     runtime.apply_environment()
+    if runtime.engine_memory:
+        log.info(
+            "engine KV cache %.2f GiB, chosen from this host: %s",
+            runtime.engine_memory["kv_cache_gib"], "; ".join(runtime.engine_memory["reasons"]),
+        )
     app = create_app(cfg, runtime.engine_args, runtime=runtime)
     uvicorn.run(
         app,
@@ -59,6 +64,17 @@ def cmd_demo_model(args) -> int:
 
     path = build_demo_model(Path(args.dir)) if args.dir else ensure_demo_model()
     print(path)
+    return 0
+
+
+def cmd_default_model(args) -> int:
+    from lmi_server.demo.assistant import AssistantUnavailable, ensure_assistant
+
+    try:
+        print(ensure_assistant())
+    except AssistantUnavailable as exc:
+        print(f"lmi-server: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -88,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo-model", help="build the embedded demo model (into DIR, or the cache)")
     demo.add_argument("dir", nargs="?")
     demo.set_defaults(func=cmd_demo_model)
+
+    default = sub.add_parser("default-model", help="convert the embedded assistant into the cache (done by make setup)")
+    default.set_defaults(func=cmd_default_model)
 
     options = sub.add_parser("options", help="print every option.* key as a Markdown table")
     options.set_defaults(func=cmd_options)

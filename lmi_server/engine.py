@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -39,19 +40,20 @@ def engine_environment(cfg: ServingConfig) -> dict[str, str]:
     return env
 
 
-def build_vllm_namespace(engine_args: dict[str, Any]) -> Namespace:
-    """vLLM's `serve` argument namespace with our engine arguments applied on top of its defaults."""
+def build_vllm_namespace(engine_args: dict[str, Any], frontend_args: dict[str, Any] | None = None) -> Namespace:
+    """vLLM's `serve` argument namespace with our engine and front-end arguments applied on top of its defaults."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="lmi-server"))
     args = parser.parse_args(["--model", str(engine_args["model"])])
-    for key, value in engine_args.items():
+    actions = {action.dest: action for action in parser._actions}
+    for key, value in {**(frontend_args or {}), **engine_args}.items():
+        action = actions.get(key)
+        if isinstance(value, dict) and action is not None and callable(action.type):
+            # Structured values take the type vLLM's own CLI gives them (config dataclasses).
+            value = action.type(json.dumps(value))
         setattr(args, key, value)
-    if isinstance(getattr(args, "kv_transfer_config", None), dict):
-        from vllm.config import KVTransferConfig
-
-        args.kv_transfer_config = KVTransferConfig(**args.kv_transfer_config)
     # Report reused prompt tokens (LMCache / prefix cache) in usage.prompt_tokens_details.
     args.enable_prompt_tokens_details = True
     args.disable_log_stats = False
@@ -80,9 +82,16 @@ class EngineState:
 class EngineOwner:
     """Starts the engine in the background (so /ping can answer 503 meanwhile) and stops it."""
 
-    def __init__(self, cfg: ServingConfig, engine_args: dict[str, Any], cache_server: Any = None):
+    def __init__(
+        self,
+        cfg: ServingConfig,
+        engine_args: dict[str, Any],
+        cache_server: Any = None,
+        frontend_args: dict[str, Any] | None = None,
+    ):
         self.cfg = cfg
         self.engine_args = engine_args
+        self.frontend_args = frontend_args if frontend_args is not None else dict(cfg.frontend_args)
         self.cache_server = cache_server  # LMCache MP server supervisor, started before the engine
         self.state = EngineState()
         self._stack = contextlib.AsyncExitStack()
@@ -119,7 +128,7 @@ class EngineOwner:
         if self.cache_server is not None:
             await self.cache_server.start_async()
             log.info("LMCache cache server ready on port %s", self.cache_server.port)
-        args = build_vllm_namespace(self.engine_args)
+        args = build_vllm_namespace(self.engine_args, self.frontend_args)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         # Engine start-up blocks (process spawn, weight loading, profiling): run it in a thread

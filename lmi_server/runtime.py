@@ -12,9 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmi_server.config import host
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import engine_environment
+from lmi_server.kvcache.engine_memory import EngineMemoryError, EngineMemoryPlan, plan_cpu_kv_cache, probe_memory
+from lmi_server.kvcache.footprint import ModelConfigError, kv_footprint
+from lmi_server.kvcache.host import safetensors_bytes
 from lmi_server.kvcache.plan import KVCachePlan
+
+# vLLM's default max_num_seqs for its OpenAI server on CPU hosts (EngineArgs, vLLM 0.32).
+DEFAULT_CPU_MAX_NUM_SEQS = 128
 
 
 @dataclass
@@ -24,6 +31,8 @@ class Runtime:
     env: dict[str, str]
     kv_plan: KVCachePlan | None = None
     notes: list[str] = field(default_factory=list)
+    engine_memory: dict[str, Any] | None = None
+    frontend_args: dict[str, Any] = field(default_factory=dict)
 
     def apply_environment(self) -> None:
         for key, value in self.env.items():
@@ -34,9 +43,11 @@ class Runtime:
             "model": self.cfg.model.model_dump(),
             "model_dir": str(self.cfg.model_dir),
             "vllm_engine_args": self.engine_args,
+            "vllm_frontend_args": self.frontend_args,
             "environment": self.env,
             "server": self.cfg.server.model_dump(mode="json"),
             "lmcache": self.cfg.lmcache.model_dump(mode="json"),
+            "engine_memory": self.engine_memory,
             "lmcache_plan": self.kv_plan.to_dict() if self.kv_plan else None,
             "speculative": self.cfg.speculative.model_dump(mode="json"),
             "adapters": self.cfg.adapters.model_dump(mode="json"),
@@ -56,17 +67,115 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
 
         if build_demo:
             engine_args["model"] = str(ensure_demo_model())
-        notes.append("no model configured: serving the embedded demo model")
+        notes.append("serving the tiny trained demo model (option.model_id=lmi-demo)")
+    elif cfg.model.source == "assistant":
+        from lmi_server.demo.assistant import AssistantUnavailable, ensure_assistant
+
+        if build_demo:
+            try:
+                engine_args["model"] = str(ensure_assistant())
+            except AssistantUnavailable as exc:
+                raise ConfigError([str(exc)]) from exc
+        notes.append("no model configured: serving the embedded assistant smollm2-135m-instruct")
+    builtin_defaults(cfg, engine_args, notes)
     engine_args.pop("speculative_config", None)
     speculative = resolve_speculative(cfg, engine_args, build_demo=build_demo)
     if speculative is not None:
         engine_args["speculative_config"] = speculative
     env = engine_environment(cfg)
-    kv_plan = plan_kv_cache(cfg, engine_args)
+    # A file-configured LMCache CPU tier is known before the engine's KV size; the auto plan
+    # instead sizes its tier from what the engine's KV leaves.
+    kv_plan = plan_kv_cache(cfg, engine_args) if cfg.lmcache.lmcache_config_file is not None else None
+    l1_bytes = kv_plan.tiers.l1_bytes if kv_plan is not None and kv_plan.tiers is not None else 0
+    memory = default_engine_memory(cfg, engine_args, env, lmcache_cpu_bytes=l1_bytes)
+    if memory is not None:
+        engine_args["kv_cache_memory_bytes"] = memory.kv_cache_bytes
+    if kv_plan is None:
+        kv_plan = plan_kv_cache(cfg, engine_args)
     if kv_plan.kv_transfer_config is not None:
         engine_args["kv_transfer_config"] = kv_plan.kv_transfer_config
     env.update(kv_plan.env)
-    return Runtime(cfg=cfg, engine_args=engine_args, env=env, kv_plan=kv_plan, notes=notes)
+    return Runtime(
+        cfg=cfg, engine_args=engine_args, env=env, kv_plan=kv_plan, notes=notes,
+        engine_memory=memory.to_dict() if memory is not None else None,
+        frontend_args=resolve_frontend_args(cfg, engine_args),
+    )
+
+
+def resolve_frontend_args(cfg: ServingConfig, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """vLLM front-end options, with `chat_template` read as LMI does: a file path relative to the
+    model directory (or the model's own directory), an absolute path, or the template inline."""
+    args = dict(cfg.frontend_args)
+    template = args.get("chat_template")
+    if template and "{" not in template:
+        path = Path(template).expanduser()
+        candidates = [path] if path.is_absolute() else [cfg.model_dir / path, Path(str(engine_args["model"])) / path]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise ConfigError([
+                f"option.chat_template={template!r}: no such file (looked in "
+                + ", ".join(str(c) for c in candidates) + "); give a path or the Jinja template inline"
+            ])
+        args["chat_template"] = str(found.resolve())
+    return args
+
+
+def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[str]) -> None:
+    """Defaults for the models that ship with the server, where the user set nothing.
+
+    Eager mode on CPU: for models this small, torch.compile adds minutes to every start and buys
+    little decode speed (measured in the README), and in bf16 it changed greedy answers."""
+    if cfg.model.source not in ("demo", "assistant") or host.gpu_count() > 0:
+        return
+    if "enforce_eager" not in engine_args and "compilation_config" not in engine_args:
+        engine_args["enforce_eager"] = True
+        notes.append("built-in model on a CPU host: enforce_eager=true (set option.enforce_eager=false to compile)")
+
+
+def user_sized_engine_memory(cfg: ServingConfig, engine_args: dict[str, Any]) -> str | None:
+    """Which setting already sizes the engine's memory, if any."""
+    if cfg.server.cpu_kv_cache_space is not None:
+        return "option.cpu_kv_cache_space"
+    for key in ("kv_cache_memory_bytes", "gpu_memory_utilization"):
+        if engine_args.get(key) is not None:
+            return f"option.{key}"
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return "VLLM_CPU_KVCACHE_SPACE"
+    return None
+
+
+def default_engine_memory(
+    cfg: ServingConfig, engine_args: dict[str, Any], env: dict[str, str], *, lmcache_cpu_bytes: int = 0
+) -> EngineMemoryPlan | None:
+    """The engine's KV size on a CPU host where the user gave none (GPU hosts keep vLLM's rule)."""
+    if host.gpu_count() > 0:
+        return None
+    given = user_sized_engine_memory(cfg, engine_args)
+    if given is not None:
+        return None
+    model_path, model_config = _model_config(str(engine_args["model"]))
+    bytes_per_token = None
+    max_len = engine_args.get("max_model_len")
+    if model_config is not None:
+        try:
+            dtype = engine_args.get("kv_cache_dtype")
+            if not dtype or dtype == "auto":
+                dtype = engine_args.get("dtype") if engine_args.get("dtype") not in (None, "auto") else None
+            bytes_per_token = kv_footprint(model_config, dtype).bytes_per_token
+        except ModelConfigError:
+            bytes_per_token = None
+        max_len = max_len or model_config.get("max_position_embeddings")
+    try:
+        return plan_cpu_kv_cache(
+            probe_memory(),
+            weight_bytes=safetensors_bytes(model_path),
+            lmcache_cpu_bytes=lmcache_cpu_bytes,
+            bytes_per_token=bytes_per_token,
+            max_model_len=int(max_len) if max_len else None,
+            max_num_seqs=int(engine_args.get("max_num_seqs") or DEFAULT_CPU_MAX_NUM_SEQS),
+        )
+    except EngineMemoryError as exc:
+        raise ConfigError([str(exc)]) from exc
 
 
 def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, build_demo: bool) -> dict[str, Any] | None:
@@ -80,6 +189,11 @@ def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, buil
             default_draft = str(builder.ensure_demo_draft())
         except FileNotFoundError:
             default_draft = None
+    elif cfg.model.source == "assistant" and cfg.speculative.speculative_method in ("eagle",):
+        from lmi_server.demo.assistant import draft_dir
+
+        found = draft_dir()  # the EAGLE head trained for the default assistant, when shipped
+        default_draft = str(found) if found is not None else None
     try:
         return build_speculative_config(cfg, str(engine_args["model"]), default_draft)
     except SpeculativeConfigError as exc:

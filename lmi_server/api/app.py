@@ -44,7 +44,10 @@ def create_app(
         from lmi_server.kvcache.mp_server import supervisor_for_plan
 
         cache_server = supervisor_for_plan(kv_plan, max_restarts=cfg.lmcache.lmcache_max_restarts)
-    owner = EngineOwner(cfg, engine_args if engine_args is not None else dict(cfg.engine_args), cache_server)
+    frontend_args = getattr(runtime, "frontend_args", None)
+    owner = EngineOwner(
+        cfg, engine_args if engine_args is not None else dict(cfg.engine_args), cache_server, frontend_args
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -72,6 +75,10 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
+    if owner.frontend_args.get("enable_request_id_headers"):
+        from vllm.entrypoints.serve.middleware.x_request_id import XRequestIdMiddleware
+
+        app.add_middleware(XRequestIdMiddleware)
     app.include_router(sagemaker.router)
     app.include_router(openai_routes.router)
     app.include_router(metrics_router)

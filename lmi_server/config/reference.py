@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmi_server.config.schema import LMI_ALIASES, NOT_APPLICABLE, SECTIONS
+from lmi_server.config.schema import LMI_ALIASES, NOT_APPLICABLE, SECTIONS, vllm_frontend_arg_table, vllm_frontend_excluded
 
 
 def _type_name(annotation) -> str:
@@ -26,6 +26,20 @@ def options_markdown() -> str:
     lines.append("|---|---|")
     for lmi, vllm in LMI_ALIASES.items():
         lines.append(f"| `option.{lmi}` | `{vllm}` |")
+    lines.append("")
+    lines.append(
+        "vLLM `serve` front-end options, validated like the engine arguments (generated from the pinned vLLM): "
+        + ", ".join(f"`option.{k}`" for k in vllm_frontend_arg_table())
+        + ". `option.chat_template` is a file (relative to the model directory) or the template inline."
+    )
+    lines.append("")
+    lines.append("vLLM `serve` options that are not keys here (setting one is an error that says why):")
+    lines.append("")
+    by_reason: dict[str, list[str]] = {}
+    for key, why in vllm_frontend_excluded().items():
+        by_reason.setdefault(why, []).append(f"`{key}`")
+    for why, keys in by_reason.items():
+        lines.append(f"- {', '.join(keys)}: {why}")
     lines.append("")
     lines.append("Accepted for compatibility with LMI files, reported as not applicable:")
     lines.append("")

@@ -25,6 +25,9 @@ from lmi_server.speculative_options import SpeculativeOptions
 
 DEFAULT_MODEL_DIR = Path("/opt/ml/model")
 DEMO_SERVED_NAME = "lmi-demo"
+ASSISTANT_SERVED_NAME = "smollm2-135m-instruct"
+# Models that ship with the server, by the name `option.model_id` gives them.
+BUILTIN_MODELS = {ASSISTANT_SERVED_NAME: "assistant", DEMO_SERVED_NAME: "demo"}
 
 
 class ServerOptions(BaseModel):
@@ -35,8 +38,9 @@ class ServerOptions(BaseModel):
     model_id: str | None = Field(
         None,
         description="Local model directory (absolute or relative to the model directory) or a "
-        "Hugging Face hub id. Default: the model directory itself when it holds config.json, "
-        "else the embedded demo model.",
+        "Hugging Face hub id, or a built-in model: `smollm2-135m-instruct` (the default assistant) or "
+        "`lmi-demo` (the tiny trained demo model, for fast tests). Default: the model directory itself "
+        "when it holds config.json, else smollm2-135m-instruct.",
     )
     served_model_name: str | None = Field(
         None,
@@ -111,9 +115,22 @@ class ConfigError(ValueError):
 
 
 @lru_cache(maxsize=1)
+def _vllm_tables() -> dict[str, Any]:
+    return json.loads(Path(__file__).with_name("vllm_engine_args.json").read_text())
+
+
 def vllm_engine_arg_table() -> dict[str, dict[str, Any]]:
-    path = Path(__file__).with_name("vllm_engine_args.json")
-    return json.loads(path.read_text())["args"]
+    return _vllm_tables()["args"]
+
+
+def vllm_frontend_arg_table() -> dict[str, dict[str, Any]]:
+    """vLLM `serve` front-end options (tool calling, chat template, request logging ...)."""
+    return _vllm_tables()["frontend_args"]
+
+
+def vllm_frontend_excluded() -> dict[str, str]:
+    """vLLM front-end options that are not keys here, with the reason."""
+    return _vllm_tables()["frontend_excluded"]
 
 
 # Engine arguments this server owns: setting them in properties would break the wiring.
@@ -132,6 +149,7 @@ def own_keys() -> dict[str, tuple[str, Any]]:
 def all_known_keys() -> list[str]:
     keys = set(own_keys()) | set(LMI_ALIASES) | set(NOT_APPLICABLE) | {"rolling_batch", "dtype"}
     keys |= set(vllm_engine_arg_table()) - RESERVED_ENGINE_ARGS
+    keys |= set(vllm_frontend_arg_table())
     return sorted(keys)
 
 
@@ -168,6 +186,10 @@ def coerce_engine_value(key: str, raw: str, desc: dict[str, Any]) -> Any:
             if str(choice).lower() == text.lower():
                 return choice
         raise ValueError("expected one of " + ", ".join(str(c) for c in desc["choices"]))
+    if desc.get("known") and text not in desc["known"]:
+        close = difflib.get_close_matches(text, desc["known"], n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ValueError(f"unknown name; {hint}vLLM knows: {', '.join(desc['known'])}")
     if kind == "json":
         try:
             return json.loads(text)
@@ -185,7 +207,7 @@ def _example(key: str, desc: dict[str, Any]) -> str:
 class ResolvedModel(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    source: Literal["local", "hub", "demo"]
+    source: Literal["local", "hub", "demo", "assistant"]
     path_or_id: str
     served_names: list[str]
 
@@ -198,6 +220,8 @@ class ServingConfig(BaseModel):
     model_dir: Path
     model: ResolvedModel
     engine_args: dict[str, Any]
+    frontend_args: dict[str, Any] = Field(default_factory=dict)
+    """vLLM `serve` front-end options (applied to vLLM's serving objects, not to the engine)."""
     server: ServerOptions
     lmcache: LMCacheOptions
     speculative: SpeculativeOptions
@@ -221,9 +245,9 @@ def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) 
     if model_id is None:
         if (model_dir / "config.json").is_file():
             return ResolvedModel(source="local", path_or_id=str(model_dir), served_names=names(model_dir.name))
-        from lmi_server.demo.builder import default_cache_dir
-
-        return ResolvedModel(source="demo", path_or_id=str(default_cache_dir()), served_names=names(DEMO_SERVED_NAME))
+        model_id = ASSISTANT_SERVED_NAME
+    if model_id in BUILTIN_MODELS:
+        return _builtin_model(model_id, names(model_id))
     if "://" in model_id:
         problems.append(
             f"option.model_id={model_id!r}: remote URLs are not downloaded by this server; "
@@ -244,6 +268,17 @@ def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) 
     return ResolvedModel(source="hub", path_or_id=model_id, served_names=names(model_id))
 
 
+def _builtin_model(name: str, served_names: list[str]) -> ResolvedModel:
+    """A model that ships with the server; its directory is built or converted at start-up."""
+    if BUILTIN_MODELS[name] == "demo":
+        from lmi_server.demo.builder import default_cache_dir
+
+        return ResolvedModel(source="demo", path_or_id=str(default_cache_dir()), served_names=served_names)
+    from lmi_server.demo.assistant import default_dir
+
+    return ResolvedModel(source="assistant", path_or_id=str(default_dir()), served_names=served_names)
+
+
 def build_serving_config(
     properties: dict[str, str],
     model_dir: Path = DEFAULT_MODEL_DIR,
@@ -255,6 +290,8 @@ def build_serving_config(
     problems: list[str] = []
     not_applicable: dict[str, str] = {}
     table = vllm_engine_arg_table()
+    frontend_table = vllm_frontend_arg_table()
+    frontend_raw: dict[str, str] = {}
     mine = own_keys()
     section_values: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
     engine_raw: dict[str, tuple[str, str]] = {}  # vllm name -> (option key as written, raw value)
@@ -311,6 +348,10 @@ def build_serving_config(
                 )
                 continue
             engine_raw[key] = (key, raw)
+        elif key in frontend_table:
+            frontend_raw[key] = raw
+        elif key in vllm_frontend_excluded():
+            problems.append(f"option.{key}: not a key of this container; {vllm_frontend_excluded()[key]}")
         else:
             problems.append(f"option.{key}={raw!r}: unknown key{suggest(key)}")
 
@@ -333,9 +374,22 @@ def build_serving_config(
                 continue
             if target == "dtype":
                 raw = LMI_DTYPES.get(raw.strip().lower(), raw)
-            engine_args[target] = coerce_engine_value(target, raw, table[target])
+            desc = table[target]
+            if target == "reasoning_parser" and "reasoning_parser_plugin" in engine_raw:
+                desc = {k: v for k, v in desc.items() if k != "known"}  # the plugin may register it
+            engine_args[target] = coerce_engine_value(target, raw, desc)
         except ValueError as exc:
             problems.append(f"option.{written}={raw!r}: {exc} (example: {_example(written, table[target])})")
+
+    frontend_args: dict[str, Any] = {}
+    for key, raw in frontend_raw.items():
+        desc = frontend_table[key]
+        if key == "tool_call_parser" and "tool_parser_plugin" in frontend_raw:
+            desc = {k: v for k, v in desc.items() if k != "known"}  # the plugin may register it
+        try:
+            frontend_args[key] = coerce_engine_value(key, raw, desc)
+        except ValueError as exc:
+            problems.append(f"option.{key}={raw!r}: {exc} (example: {_example(key, frontend_table[key])})")
 
     server = sections["server"]
     assert isinstance(server, ServerOptions)
@@ -349,6 +403,7 @@ def build_serving_config(
         model_dir=model_dir,
         model=model,
         engine_args=engine_args,
+        frontend_args=frontend_args,
         not_applicable=not_applicable,
         overridden_by_file=list(overridden_by_file or []),
         sources=dict(sources or {}),

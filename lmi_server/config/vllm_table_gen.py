@@ -1,4 +1,4 @@
-"""Describe vLLM's AsyncEngineArgs fields as simple, JSON-able type descriptors.
+"""Describe vLLM's AsyncEngineArgs and `serve` front-end fields as simple, JSON-able type descriptors.
 
 Imported only by the generator script and its freshness test: it needs vLLM installed.
 """
@@ -14,6 +14,29 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 # Fields that this server sets itself, or that make no sense in a serving.properties file.
 EXCLUDED = {"model"}
+
+_LISTENER = "a listener setting: use `lmi-server serve --host/--port`, or put TLS in front of the container"
+_NOT_SERVED = "belongs to a vLLM route or mode that this container does not serve"
+# vLLM `serve` front-end options that are not option.* keys here, with the reason a user is told.
+FRONTEND_EXCLUDED: dict[str, str] = {
+    **{name: _LISTENER for name in (
+        "host", "port", "uds", "grpc_port", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs",
+        "enable_ssl_refresh", "ssl_cert_reqs", "ssl_ciphers", "root_path", "uvicorn_log_level",
+        "disable_uvicorn_access_log", "disable_access_log_for_endpoints", "h11_max_header_count",
+        "h11_max_incomplete_event_size",
+    )},
+    **{name: _NOT_SERVED for name in (
+        "data_parallel_supervisor_port", "dp_supervisor_probe_interval_s", "dp_supervisor_probe_timeout_s",
+        "dp_supervisor_probe_failure_threshold", "enable_scale_out", "fingerprint_mode", "fingerprint_value",
+        "tokens_only", "enable_tokenizer_info_endpoint", "tool_server", "cohere_is_reasoning_model",
+        "cohere_format", "anthropic_disabled_thinking_effort", "enable_flash_late_interaction",
+        "disable_fastapi_docs", "enable_offline_docs", "enable_server_load_tracking",
+        "allow_credentials", "allowed_origins", "allowed_methods", "allowed_headers", "middleware",
+    )},
+    "api_key": "this container's own key check covers every route: use option.api_key",
+    "lora_modules": "adapters are registered from option.adapters_path (or POST /adapters)",
+    "enable_prompt_tokens_details": "always on: usage reports reused prompt tokens",
+}
 
 
 def vllm_version() -> str:
@@ -76,15 +99,53 @@ def _resolve(tp: Any, namespace: dict[str, Any]) -> Any:
         return dict
 
 
+def _describe_fields(cls: type, excluded: set[str] | dict[str, str]) -> dict[str, Any]:
+    import sys as _sys
+
+    namespace = vars(_sys.modules[cls.__module__])
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_") or f.name in excluded:
+            continue
+        out[f.name] = _describe(_resolve(f.type, namespace))
+    return out
+
+
+def describe_frontend_args(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """vLLM `serve` front-end options (chat template, tool calling, logging ...) that are not engine arguments."""
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+
+    return {k: v for k, v in _describe_fields(FrontendArgs, FRONTEND_EXCLUDED).items() if k not in engine_args}
+
+
+def _known_parsers() -> dict[str, list[str]]:
+    """Names vLLM registers for its tool-call and reasoning parsers (a plugin may add more)."""
+    import vllm.reasoning  # noqa: F401 - registers the reasoning parsers
+    import vllm.tool_parsers  # noqa: F401 - registers the tool parsers
+    from vllm.reasoning.abs_reasoning_parsers import ReasoningParserManager
+    from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
+
+    def names(manager: Any, eager: str) -> list[str]:
+        return sorted(set(getattr(manager, eager, {})) | set(getattr(manager, "lazy_parsers", {})))
+
+    return {
+        "tool_call_parser": names(ToolParserManager, "tool_parsers"),
+        "reasoning_parser": names(ReasoningParserManager, "reasoning_parsers"),
+    }
+
+
 def describe_engine_args() -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    import sys as _sys
-
-    namespace = vars(_sys.modules[AsyncEngineArgs.__module__])
-    args: dict[str, Any] = {}
-    for f in dataclasses.fields(AsyncEngineArgs):
-        if f.name.startswith("_") or f.name in EXCLUDED:
-            continue
-        args[f.name] = _describe(_resolve(f.type, namespace))
-    return {"vllm_version": vllm_version(), "args": args}
+    args = _describe_fields(AsyncEngineArgs, EXCLUDED)
+    frontend = describe_frontend_args(args)
+    for name, known in _known_parsers().items():
+        table = args if name in args else frontend
+        if name in table:
+            table[name] = {**table[name], "known": known}
+    return {
+        "vllm_version": vllm_version(),
+        "args": args,
+        "frontend_args": frontend,
+        "frontend_excluded": dict(sorted(FRONTEND_EXCLUDED.items())),
+    }

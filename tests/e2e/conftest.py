@@ -7,12 +7,19 @@ import pytest
 from tests.support.server import ServerProcess, server_env, write_properties
 
 BASE_PROPS = {
+    "option.model_id": "lmi-demo",  # the tiny trained demo model: fast starts for tests
     "engine": "Python",
     "option.cpu_kv_cache_space": "1",
     "option.enforce_eager": "true",
     "option.dtype": "fp32",
     "option.max_model_len": "4096",
     "option.max_request_bytes": "200000",
+    # vLLM's tool-calling front-end options as option.* keys (tests/e2e/test_tools.py). The pythonic
+    # parser lets vLLM force a named/required call's JSON with structured output (vLLM 0.32's hermes
+    # parser leaves that to the model); compact JSON keeps a tiny model from looping on whitespace.
+    "option.enable_auto_tool_choice": "true",
+    "option.tool_call_parser": "pythonic",
+    "option.structured_outputs_config": '{"backend": "xgrammar", "disable_any_whitespace": true}',
 }
 
 

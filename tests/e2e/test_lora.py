@@ -19,6 +19,7 @@ import pytest
 from tests.support.server import REPO, ServerProcess, server_env, write_properties
 
 BASE_PROPS = {  # tests/e2e/conftest.py's BASE_PROPS (kept in step by hand; conftest is not importable)
+    "option.model_id": "lmi-demo",
     "engine": "Python",
     "option.cpu_kv_cache_space": "1",
     "option.enforce_eager": "true",

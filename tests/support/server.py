@@ -27,20 +27,29 @@ def write_properties(model_dir: Path, props: dict[str, str]) -> Path:
 class ServerProcess:
     """One real server: uvicorn + vLLM engine (+ whatever the properties switch on)."""
 
-    def __init__(self, model_dir: Path, log_path: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self, model_dir: Path | None, log_path: Path, env: dict[str, str] | None = None, argv: list[str] | None = None
+    ):
+        """`argv` replaces the default `lmi-server serve --model-dir ...` command; "{port}" in it is
+        replaced by the chosen port."""
         self.model_dir = model_dir
         self.log_path = log_path
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **(env or {})}
+        self.argv = [a.replace("{port}", str(self.port)) for a in argv] if argv else None
         self.proc: subprocess.Popen | None = None
         self.ping_history: list[int] = []
         self.ready_after_s: float | None = None
 
     def start(self) -> ServerProcess:
         self._log = open(self.log_path, "wb")
+        argv = self.argv or [
+            sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(self.model_dir),
+            "--host", "127.0.0.1", "--port", str(self.port),
+        ]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port)],
+            argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=self.env,
@@ -82,7 +91,10 @@ class ServerProcess:
             return None
         children = self.descendants()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            if self.argv:  # a wrapper (make) in front of the server: signal the whole group
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            else:
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -173,9 +173,54 @@ def test_model_dir_with_config_json_is_the_model(model_dir):
     assert cfg.model.source == "local" and cfg.model.served_names == ["model"]
 
 
-def test_no_model_means_the_demo_model(tmp_path):
+def test_no_model_means_the_embedded_assistant(tmp_path):
     cfg = build_serving_config({}, tmp_path)
-    assert cfg.model.source == "demo" and cfg.model.served_names == ["lmi-demo"]
+    assert cfg.model.source == "assistant" and cfg.model.served_names == ["smollm2-135m-instruct"]
+
+
+def test_builtin_model_names(tmp_path):
+    demo = build_serving_config({"option.model_id": "lmi-demo"}, tmp_path)
+    assert demo.model.source == "demo" and demo.model.served_names == ["lmi-demo"]
+    assistant = build_serving_config({"option.model_id": "smollm2-135m-instruct"}, tmp_path)
+    assert assistant.model.source == "assistant"
+
+
+def test_frontend_options_are_keys_with_lmi_spellings(tmp_path):
+    props = {
+        "option.enable_auto_tool_choice": "true",
+        "option.tool_call_parser": "hermes",
+        "option.chat_template_content_format": "openai",
+        "option.response_role": "bot",
+        "option.max_log_len": "100",
+        "option.return_tokens_as_token_ids": "true",
+        "option.enable_request_id_headers": "true",
+        "option.enable_log_requests": "true",
+        "option.reasoning_parser": "qwen3",
+    }
+    cfg = build_serving_config(props, tmp_path)
+    assert cfg.frontend_args == {
+        "enable_auto_tool_choice": True, "tool_call_parser": "hermes", "chat_template_content_format": "openai",
+        "response_role": "bot", "max_log_len": 100, "return_tokens_as_token_ids": True,
+        "enable_request_id_headers": True,
+    }
+    # engine arguments among vLLM's serve options stay engine arguments
+    assert cfg.engine_args["enable_log_requests"] is True and cfg.engine_args["reasoning_parser"] == "qwen3"
+
+
+def test_frontend_option_errors_name_the_key(tmp_path):
+    problems = problems_of({"option.enable_auto_tool_choice": "maybe", "option.tool_call_parser": "hermez"}, tmp_path)
+    text = "\n".join(problems)
+    assert "option.enable_auto_tool_choice='maybe'" in text and "expected true or false" in text
+    assert "option.tool_call_parser='hermez'" in text and "did you mean hermes" in text
+    (listener,) = problems_of({"option.port": "9000"}, tmp_path)
+    assert "option.port" in listener and "lmi-server serve" in listener
+    (key,) = problems_of({"option.api_keys": "x"}, tmp_path)
+    assert "option.api_keys" in key
+
+
+def test_tool_parser_plugin_may_register_new_names(tmp_path):
+    cfg = build_serving_config({"option.tool_parser_plugin": "/p/plugin.py", "option.tool_call_parser": "mine"}, tmp_path)
+    assert cfg.frontend_args["tool_call_parser"] == "mine"
 
 
 def test_served_model_name_list(model_dir):
