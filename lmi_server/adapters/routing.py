@@ -12,6 +12,7 @@ lease when the response has been sent completely, streaming included.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -123,6 +124,33 @@ async def lmi_model_resolver(request: Request, req: Any) -> str | None:
         return None
     await use_adapter(request, name, "lmi", req, lmi=True)
     return name
+
+
+# ---------------------------------------------------------------------- KV isolation between adapters
+
+
+def isolated_cache_salt(identity: str | None, client_salt: str | None) -> str | None:
+    """The `cache_salt` vLLM and LMCache key reused KV by (LMCache keys chunks by token ids and
+    salt only). KV computed under an adapter carries its identity (name + weight fingerprint),
+    so only requests through the same adapter with the same weights reuse it; base requests
+    without a salt stay unsalted. A client's own salt is folded in (never passed through as is,
+    so no client can pick another namespace's salt)."""
+    if identity is None and not client_salt:
+        return None
+    digest = hashlib.sha256()
+    digest.update((identity or "base").encode())
+    digest.update(b"\0")
+    digest.update((client_salt or "").encode())
+    return digest.hexdigest()
+
+
+def apply_cache_salt(request: Request, engine_request: Any) -> None:
+    """Set the salt on the vLLM request (chat or completion) about to be sent to the engine."""
+    use: AdapterUse | None = getattr(request.state, STATE_KEY, None)
+    identity = None
+    if use is not None and use.lease is not None:
+        identity = use.lease.entry.cache_identity()
+    engine_request.cache_salt = isolated_cache_salt(identity, getattr(engine_request, "cache_salt", None))
 
 
 # ---------------------------------------------------------------------- output transforms (pure)

@@ -31,6 +31,11 @@ async def _lmi_base_model(request: Request, parsed: Any) -> str | None:
     return None
 
 
+def _client_salt_only(request: Request, engine_request: Any) -> None:
+    """Default cache salter (LoRA off): the client's own `cache_salt`, if any, is used as sent."""
+    return None
+
+
 def create_app(
     cfg: ServingConfig,
     engine_args: dict[str, Any] | None = None,
@@ -66,6 +71,7 @@ def create_app(
     app.state.engine_owner = owner
     app.state.model_resolver = _base_model_only
     app.state.lmi_model_resolver = _lmi_base_model
+    app.state.cache_salter = _client_salt_only
     app.state.session_hook = SessionHook(
         cfg.sessions.enable_stateful_sessions,
         SessionStore(cfg.sessions.sessions_expiration, cfg.sessions.sessions_path),

@@ -91,6 +91,7 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
         raise APIError(424, f"invalid parameters: {validation_message(exc.errors())}", lmi=True) from None
     except Exception as exc:  # noqa: BLE001 - vLLM's own request validators
         raise APIError(424, f"invalid parameters: {exc}", lmi=True) from None
+    request.app.state.cache_salter(request, completion_req)
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )

@@ -42,3 +42,27 @@ def test_line_formatter_keeps_partial_lines():
     out = lf.feed(event[:10].encode(), last=False) + lf.feed(event[10:].encode(), last=False) + lf.feed(b"data: [DONE]\n\n", last=True)
     text = out.decode()
     assert '"AB"' in text and text.endswith("data: [DONE]\n\n")
+
+
+def test_cache_salt_isolates_adapters_weights_and_clients():
+    from types import SimpleNamespace
+
+    from lmi_server.adapters.routing import STATE_KEY, apply_cache_salt, isolated_cache_salt
+
+    assert isolated_cache_salt(None, None) is None  # base, no client salt: shared base KV
+    a1 = isolated_cache_salt("lora:a:fp1", None)
+    assert a1 and a1 != isolated_cache_salt("lora:a:fp2", None) != isolated_cache_salt("lora:b:fp1", None)
+    assert isolated_cache_salt("lora:a:fp1", "client") not in (a1, isolated_cache_salt(None, "client"))
+    # A base client cannot step into an adapter's namespace by sending its salt.
+    assert isolated_cache_salt(None, a1) != a1
+    assert len(a1) == 64 and all(c in "0123456789abcdef" for c in a1)
+
+    entry = SimpleNamespace(cache_identity=lambda: "lora:a:fp1")
+    req = SimpleNamespace(state=SimpleNamespace(**{STATE_KEY: SimpleNamespace(lease=SimpleNamespace(entry=entry))}))
+    parsed = SimpleNamespace(cache_salt=None)
+    apply_cache_salt(req, parsed)
+    assert parsed.cache_salt == a1
+    base = SimpleNamespace(state=SimpleNamespace())
+    parsed = SimpleNamespace(cache_salt=None)
+    apply_cache_salt(base, parsed)
+    assert parsed.cache_salt is None
