@@ -25,8 +25,12 @@ router = APIRouter()
 @router.get("/ping")
 @router.get("/health", include_in_schema=False)  # the name routers and load balancers probe
 async def ping(request: Request):
-    state = request.app.state.engine_owner.state
+    owner = request.app.state.engine_owner
+    state = owner.state
     if state.healthy:
+        degraded = getattr(owner.cache_server, "degraded", None)
+        if degraded:  # the engine serves (recomputing KV); the cache tier is being restarted
+            return JSONResponse({"status": "healthy", "degraded": degraded})
         return JSONResponse({"status": "healthy"})
     detail = {"starting": "loading the model", "failed": state.error, "stopped": "shutting down"}.get(
         state.status, "engine not healthy"
