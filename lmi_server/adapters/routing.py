@@ -29,6 +29,20 @@ log = logging.getLogger(__name__)
 
 ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
 STATE_KEY = "lmi_adapter_use"
+STREAMS_KEY = "lmi_streams"  # the response's async generators, innermost (vLLM's) first
+# Streaming: bytes held back until the output formatter has run once (so that a formatter failing
+# on the first text can still turn the response into a 424). Past this, the response starts.
+MAX_PENDING_BYTES = 64 * 1024
+
+
+async def close_streams(state: dict) -> None:
+    """Close the response's generators, outermost first: vLLM's generator, closed, aborts the
+    request in the engine (AsyncLLM.generate catches GeneratorExit and calls abort)."""
+    for gen in reversed(state.pop(STREAMS_KEY, [])):
+        try:
+            await gen.aclose()
+        except Exception:  # noqa: BLE001 - closing is best effort; the engine side logs its own
+            log.debug("closing a response stream failed", exc_info=True)
 
 
 @dataclass
@@ -330,12 +344,16 @@ class AdapterMiddleware:
             except FormatterError as exc:
                 ctl["failed"] = True
                 if not ctl["started"]:
-                    return await send_error(use, str(exc))
-                log.warning("adapters: %s", exc)
-                await send({"type": "http.response.body", "body": _error_bytes(use, str(exc), ctl["kind"]), "more_body": False})
+                    await send_error(use, str(exc))
+                else:
+                    # Mid-stream: end the stream with an error event in its own format.
+                    log.warning("adapters: %s", exc)
+                    await send({"type": "http.response.body", "body": _error_bytes(use, str(exc), ctl["kind"]), "more_body": False})
+                if more:
+                    await close_streams(state)  # stop generating: abort the request in the engine
                 return
             if not ctl["started"]:
-                if more and not ctl["lines"].called:
+                if more and not ctl["lines"].called and len(ctl["pending"]) + len(body) <= MAX_PENDING_BYTES:
                     # Hold the status line until the formatter has run once, so that a formatter
                     # failing on the first text still turns the whole response into a 424.
                     ctl["pending"] += body

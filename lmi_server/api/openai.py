@@ -42,7 +42,7 @@ async def _generate(request: Request, parsed, headers: dict[str, str] | None, cr
     await request.app.state.model_resolver(request, parsed)
     request.app.state.cache_salter(request, parsed)
     result = await call_serving(create(state.serving)(parsed, request), request)
-    return as_response(result, headers)
+    return as_response(result, headers, request)
 
 
 async def chat_completion(request: Request, parsed, headers: dict[str, str] | None = None):

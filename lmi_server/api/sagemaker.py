@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from lmi_server.api import openai as openai_routes
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import call_serving, engine_state
+from lmi_server.api.generation import call_serving, engine_state, track_stream
 from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
 
 router = APIRouter()
@@ -100,5 +100,7 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )
     if req.stream:
-        return StreamingResponse(stream_jsonlines(req, result), media_type="application/jsonlines", headers=headers)
+        track_stream(request, result)
+        lines = track_stream(request, stream_jsonlines(req, result))
+        return StreamingResponse(lines, media_type="application/jsonlines", headers=headers)
     return JSONResponse(format_response(req, result.model_dump()), headers=headers)
