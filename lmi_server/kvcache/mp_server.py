@@ -116,7 +116,8 @@ class MPServerSupervisor:
         watchdog: bool = True,
     ) -> None:
         self._argv = list(argv)
-        self._env = {**os.environ, **env, **(secret_env or {})}
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("OPTION_API_KEY")}  # not its business
+        self._env = {**inherited, **env, **(secret_env or {})}
         self.restart_window_s = restart_window_s
         self._restart_times: collections.deque[float] = collections.deque()
         self._watchdog = watchdog and len(self._argv) > 2 and self._argv[1] in ("-m", "-c")

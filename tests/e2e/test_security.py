@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sysconfig
 import time
 from pathlib import Path
 
@@ -129,7 +130,7 @@ def test_api_keys_guard_every_route_but_ping(secure):
 
 
 def test_kv_computed_under_an_adapter_is_not_reused_by_the_base_model(secure):
-    prompt = long_prompt(10000)
+    prompt = long_prompt(5200)  # about 1,400 tokens
     via_adapter = complete(secure, prompt, "hello-printer")
     base_after_adapter = complete(secure, prompt, BASE)
     base_fresh_salt = complete(secure, prompt, BASE, salt=secrets.token_urlsafe(32))
@@ -149,7 +150,7 @@ def test_kv_computed_under_an_adapter_is_not_reused_by_the_base_model(secure):
         "copy_first": copy_first, "copy_new_weights": copy_new_weights,
     }
     print("KV isolation:", json.dumps(report, indent=1))
-    assert 1200 <= via_adapter["prompt_tokens"] <= 4000
+    assert 1000 <= via_adapter["prompt_tokens"] <= 2500
     assert base_after_adapter["cached"] == 0, "the base request reused KV computed under an adapter"
     assert base_after_adapter["text"] == base_fresh_salt["text"]
     assert base_after_adapter["text"] != via_adapter["text"]  # the adapter changes the output
@@ -158,7 +159,7 @@ def test_kv_computed_under_an_adapter_is_not_reused_by_the_base_model(secure):
     assert copy_first["cached"] == 0
     assert copy_new_weights["cached"] == 0
     # LMI schema through an adapter, then the same text through the base model: no reuse either.
-    lmi_prompt = long_prompt(9000)[::-1]
+    lmi_prompt = Path(sysconfig.get_paths()["stdlib"], "typing.py").read_text()[:5000]
     r = httpx.post(secure.base_url + "/invocations", headers=auth(), timeout=300,
                    json={"inputs": lmi_prompt, "adapters": "hello-printer", "parameters": {"max_new_tokens": 4}})
     assert r.status_code == 200, r.text
@@ -195,25 +196,23 @@ def redis_dbsize_auth(port: int) -> int:
     return int(lines[1].lstrip(":"))
 
 
-def _aborts(server) -> float:
+def _generated(server) -> float:
     text = httpx.get(server.base_url + "/metrics", headers=auth()).text
-    return metric_value(text, "vllm:request_success_total", finished_reason="abort") or 0.0
+    return metric_value(text, "vllm:generation_tokens_total") or 0.0
 
 
-def _wait_aborts(server, at_least: float, timeout: float = 8.0) -> float:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = _aborts(server)
-        if value >= at_least:
-            return value
-        time.sleep(0.25)
-    return _aborts(server)
+def assert_engine_stopped_generating(server) -> None:
+    """After the stream ended, the engine generates nothing more (the request was aborted; left
+    running it would go on towards its 3,000 tokens for many seconds)."""
+    time.sleep(1.0)
+    first = _generated(server)
+    time.sleep(2.5)
+    assert _generated(server) == first, "the engine kept generating after the stream ended"
 
 
 def test_formatter_failing_mid_stream_ends_the_stream_and_aborts_the_generation(secure):
     from openai import OpenAI
 
-    before = _aborts(secure)
     client = OpenAI(base_url=secure.base_url + "/v1", api_key=KEYS[0], max_retries=0, timeout=120)
     # OpenAI schema: SSE error event, after some text.
     raw = httpx.post(secure.base_url + "/v1/completions", headers=auth(), timeout=120,
@@ -223,7 +222,7 @@ def test_formatter_failing_mid_stream_ends_the_stream_and_aborts_the_generation(
     events = [ln[6:] for ln in raw.text.splitlines() if ln.startswith("data: ")]
     last = json.loads(events[-1])
     assert "formatter gave up" in last["error"]["message"] and len(events) >= 5
-    assert _wait_aborts(secure, before + 1) >= before + 1, "the engine kept generating after the stream ended"
+    assert_engine_stopped_generating(secure)
     # The official client sees the error event too (it raises on an SSE error payload).
     with pytest.raises(Exception, match="formatter gave up"):
         for _ in client.completions.create(model="raising-late", prompt="def g():", max_tokens=3000,
@@ -235,6 +234,6 @@ def test_formatter_failing_mid_stream_ends_the_stream_and_aborts_the_generation(
                          "parameters": {"max_new_tokens": 3000, "ignore_eos": True}})
     lines = [json.loads(ln) for ln in r.text.splitlines() if ln.strip()]
     assert "formatter gave up" in lines[-1]["error"] and any("token" in ln for ln in lines[:-1])
-    assert _wait_aborts(secure, before + 3) >= before + 3
+    assert_engine_stopped_generating(secure)
     desc = httpx.get(secure.base_url + "/adapters/raising-late", headers=auth()).json()
     assert desc["in_flight"] == 0  # the lease was released
