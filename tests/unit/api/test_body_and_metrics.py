@@ -74,3 +74,19 @@ def test_metrics_scrape_of_the_cache_server_does_not_block_the_event_loop():
         server.shutdown()
     assert ping_s < 0.4, f"/ping waited {ping_s:.2f} s behind /metrics"
     assert "lmi_lmcache_lookup_hit_tokens_total 7.0" in text
+
+
+def test_ping_reports_a_degraded_cache_tier_but_stays_healthy(tmp_path):
+    app = create_app(build_serving_config({}, tmp_path), {"model": "x"}, start_engine=False)
+    owner = app.state.engine_owner
+    owner.state.status, owner.state.engine = "ready", SimpleNamespace(errored=False)
+    owner.cache_server = SimpleNamespace(degraded="LMCache cache server down (5 restarts so far)")
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await c.get("/ping")
+
+    r = asyncio.run(go())
+    assert r.status_code == 200 and r.json() == {"status": "healthy", "degraded": "LMCache cache server down (5 restarts so far)"}
+    owner.cache_server = SimpleNamespace(degraded=None)
+    assert asyncio.run(go()).json() == {"status": "healthy"}
