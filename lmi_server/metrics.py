@@ -131,7 +131,10 @@ class MetricsMiddleware:
 class LMCacheCollector:
     """Scrapes the LMCache MP server's own counters at /metrics time and re-exports them."""
 
-    CACHE_S = 2.0  # scrapes within this many seconds reuse the last reading
+    # Scrapes run in a worker thread (see `metrics()`), so the cache server's HTTP round trip never
+    # blocks the event loop. Readings are not reused across scrapes: a scrape right after a
+    # request must see that request's hits. Concurrent scrapes share one reading at a time.
+    CACHE_S = 0.0
 
     def __init__(self, plan, supervisor):
         self.plan = plan
@@ -144,7 +147,7 @@ class LMCacheCollector:
 
         with self._lock:
             at, stats = self._cached
-            if time.monotonic() - at < self.CACHE_S:
+            if self.CACHE_S and time.monotonic() - at < self.CACHE_S:
                 return stats
             try:
                 stats = read_lmcache_stats(self.plan.metrics_url, timeout_s=1.0)
