@@ -86,6 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compiled", action="store_true", help="also time vLLM's compiled mode (minutes per start)")
     ap.add_argument("--warm-runs", type=int, default=2)
+    ap.add_argument("--name", default="start_time", help="results file name (benchmarks/results/NAME.json)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lmi-start-"))
     runs: list[dict] = []
@@ -102,8 +103,8 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     doc = {"benchmark": "start_time", "machine": machine(), "runs": runs}
-    path = save("start_time", doc)
-    plot(runs, RESULTS / "start_time.png")
+    path = save(args.name, doc)
+    plot(runs, RESULTS / f"{args.name}.png")
     for run in runs:
         print(f"{run['label']:<40} {run['ready_s']:>7.1f} s  {run['phases']}")
     print(f"wrote {path}")

@@ -29,7 +29,9 @@ def cmd_config(args) -> int:
 
     cfg = _load(args)
     runtime = resolve_runtime(cfg, build_demo=False)
-    print(json.dumps(runtime.describe(), indent=2, default=str))
+    from lmi_server.redact import redact
+
+    print(redact(json.dumps(runtime.describe(), indent=2, default=str)))
     return 0
 
 
@@ -37,9 +39,11 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from lmi_server.api.app import create_app
+    from lmi_server.api.auth import load_api_keys, warn_if_unprotected
     from lmi_server.runtime import resolve_runtime
 
     cfg = _load(args)
+    warn_if_unprotected(args.host, load_api_keys(cfg.security, cfg.model_dir))
     runtime = resolve_runtime(cfg, build_demo=True)
     runtime.apply_environment()
     if runtime.engine_memory:
@@ -115,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from lmi_server.redact import install_log_redaction
+
+    install_log_redaction()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -96,6 +97,7 @@ class EngineOwner:
         self.state = EngineState()
         self._stack = contextlib.AsyncExitStack()
         self._task: asyncio.Task | None = None
+        self._orphans: set[asyncio.Future] = set()  # engine builds abandoned by a timeout/cancel
 
     def start_background(self) -> asyncio.Task:
         self._task = asyncio.create_task(self._start(), name="engine-start")
@@ -133,14 +135,13 @@ class EngineOwner:
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         # Engine start-up blocks (process spawn, weight loading, profiling): run it in a thread
         # so that the event loop keeps answering /ping with 503 meanwhile.
-        engine = await asyncio.to_thread(
+        engine = await self.build_in_thread(
             AsyncLLM.from_vllm_config,
             vllm_config=vllm_config,
             usage_context=UsageContext.OPENAI_API_SERVER,
             enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats,
         )
-        self._stack.callback(engine.shutdown)
         serving = State()
         supported_tasks = await engine.get_supported_tasks()
         await init_app_state(engine, serving, args, supported_tasks)
@@ -148,11 +149,43 @@ class EngineOwner:
         self.state.serving = serving
         self.state.args = args
 
+    async def build_in_thread(self, factory, *args, **kwargs):
+        """Run a blocking engine factory in a thread; the engine it returns is shut down with this
+        owner. A thread cannot be interrupted: when start-up times out or is cancelled while the
+        factory runs, the build is kept as an orphan and its engine shut down as soon as it
+        exists (and `stop()` waits for that), so no engine processes outlive a failed start."""
+        future = asyncio.get_running_loop().run_in_executor(None, functools.partial(factory, *args, **kwargs))
+        try:
+            engine = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            log.warning("engine start-up abandoned while the engine was being built; it is shut down once built")
+            self._orphans.add(future)
+            future.add_done_callback(self._reap)
+            raise
+        self._stack.callback(engine.shutdown)
+        return engine
+
+    def _reap(self, future: asyncio.Future) -> None:
+        if future not in self._orphans:
+            return
+        self._orphans.discard(future)
+        if future.cancelled() or future.exception() is not None:
+            return
+        try:
+            future.result().shutdown()
+            log.info("an engine built after start-up was abandoned has been shut down")
+        except Exception:  # noqa: BLE001
+            log.exception("shutting down an abandoned engine failed")
+
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
+        for future in list(self._orphans):  # builds abandoned on timeout/cancel: wait, then shut down
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(future), timeout=self.cfg.server.model_loading_timeout)
+            self._reap(future)
         try:
             await self._stack.aclose()
         finally:

@@ -7,7 +7,9 @@ the client sees it (first streamed chunk that carries generated text).
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 import time
 
 from fastapi import APIRouter
@@ -42,9 +44,15 @@ _TOKEN_CHUNK = re.compile(rb'"(?:content|text)":\s*"[^"]')
 router = APIRouter()
 
 
+def _render() -> bytes:
+    return generate_latest(REGISTRY) + generate_latest(DERIVED)
+
+
 @router.get("/metrics")
 async def metrics() -> Response:
-    return Response(generate_latest(REGISTRY) + generate_latest(DERIVED), media_type=CONTENT_TYPE_LATEST)
+    # Collecting may scrape the cache server over HTTP (LMCacheCollector): off the event loop.
+    body = await asyncio.to_thread(_render)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 def _sum_samples(name: str) -> float | None:
@@ -123,13 +131,32 @@ class MetricsMiddleware:
 class LMCacheCollector:
     """Scrapes the LMCache MP server's own counters at /metrics time and re-exports them."""
 
+    # Scrapes run in a worker thread (see `metrics()`), so the cache server's HTTP round trip never
+    # blocks the event loop. Readings are not reused across scrapes: a scrape right after a
+    # request must see that request's hits. Concurrent scrapes share one reading at a time.
+    CACHE_S = 0.0
+
     def __init__(self, plan, supervisor):
         self.plan = plan
         self.supervisor = supervisor
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict | None] = (0.0, None)
 
-    def collect(self):
+    def _stats(self):
         from lmi_server.kvcache.stats import read_lmcache_stats
 
+        with self._lock:
+            at, stats = self._cached
+            if self.CACHE_S and time.monotonic() - at < self.CACHE_S:
+                return stats
+            try:
+                stats = read_lmcache_stats(self.plan.metrics_url, timeout_s=1.0)
+            except OSError:
+                stats = None  # server restarting: the series reappear on the next scrape
+            self._cached = (time.monotonic(), stats)
+            return stats
+
+    def collect(self):
         restarts = CounterMetricFamily("lmi_lmcache_server_restarts", "Times the LMCache cache server was restarted")
         restarts.add_metric([], float(getattr(self.supervisor, "restarts", 0)))
         yield restarts
@@ -138,10 +165,9 @@ class LMCacheCollector:
         yield up
         if not self.plan.metrics_url:
             return
-        try:
-            stats = read_lmcache_stats(self.plan.metrics_url, timeout_s=1.0)
-        except OSError:
-            return  # server restarting: the series reappear on the next scrape
+        stats = self._stats()
+        if stats is None:
+            return
         for key, help_text in (
             ("lookup_requested_tokens", "Prompt tokens looked up in LMCache"),
             ("lookup_hit_tokens", "Prompt tokens found in LMCache (any tier)"),

@@ -52,6 +52,11 @@ class Runtime:
             "speculative": self.cfg.speculative.model_dump(mode="json"),
             "adapters": self.cfg.adapters.model_dump(mode="json"),
             "sessions": self.cfg.sessions.model_dump(mode="json"),
+            "security": {
+                "api_key": "***" if self.cfg.security.api_key is not None else None,
+                "api_key_file": str(self.cfg.security.api_key_file) if self.cfg.security.api_key_file else None,
+                "metrics_public": self.cfg.security.metrics_public,
+            },
             "not_applicable": self.cfg.not_applicable,
             "overridden_by_file": self.cfg.overridden_by_file,
             "sources": self.cfg.sources,

@@ -17,3 +17,9 @@ class SessionOptions(BaseModel):
     sessions_path: Path | None = Field(
         None, description="Directory where sessions are kept so that they survive a restart (default: memory only)."
     )
+    max_sessions: int = Field(
+        10000, gt=0, description="Most live (open, unexpired) sessions; NEW_SESSION beyond it gets 429."
+    )
+    sessions_sweep_interval: int = Field(
+        60, gt=0, description="Seconds between sweeps that remove expired sessions from memory and disk."
+    )

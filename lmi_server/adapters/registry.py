@@ -20,6 +20,7 @@ tests use a fake), so the LRU and lock logic is testable without an engine.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -34,6 +35,9 @@ from lmi_server.adapters.validation import (
     AdapterInvalid,
     AdapterSpec,
     BaseModelInfo,
+    CONFIG_FILE,
+    FORMATTER_FILE,
+    WEIGHTS_FILE,
     has_adapter_files,
     inspect_adapter,
     validate_name,
@@ -45,6 +49,17 @@ ADAPTER_LOADS = Counter("lmi_adapter_loads", "LoRA adapter weight loads into the
 ADAPTER_EVICTIONS = Counter("lmi_adapter_evictions", "LoRA adapters evicted from the engine (least recently used)", ["adapter"])
 ADAPTERS_RESIDENT = Gauge("lmi_adapters_resident", "LoRA adapters whose weights are loaded in the engine")
 ADAPTERS_REGISTERED = Gauge("lmi_adapters_registered", "LoRA adapters registered (weights not necessarily loaded)")
+
+
+def weights_fingerprint(path: Path) -> str:
+    """sha256 over the adapter's config and weight files (what the engine loads)."""
+    digest = hashlib.sha256()
+    for fname in (CONFIG_FILE, WEIGHTS_FILE):
+        digest.update(fname.encode() + b"\0")
+        with open(path / fname, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 class AdapterNotFound(LookupError):
@@ -70,6 +85,7 @@ class LoRABackend(Protocol):
     def base_names(self) -> list[str]: ...
     async def load(self, name: str, path: Path) -> Any: ...  # -> handle (LoRARequest)
     async def unload(self, name: str, handle: Any) -> None: ...
+    def detach(self, name: str, handle: Any) -> None: ...
     async def pin(self, handle: Any) -> None: ...
 
 
@@ -85,6 +101,11 @@ class AdapterEntry:
     last_used: float | None = None
     deleted: bool = False
     registered_at: float = field(default_factory=time.time)
+    fingerprint: str | None = None  # sha256 of the weight files, computed at each load
+
+    def cache_identity(self) -> str:
+        """What KV computed under this adapter is keyed by: its name and the weights in the engine."""
+        return f"lora:{self.name}:{self.fingerprint or 'unloaded'}"
 
     @property
     def name(self) -> str:
@@ -109,6 +130,7 @@ class AdapterEntry:
             "output_formatter": self.formatters.output is not None,
             "weight_bytes": s.weight_bytes,
             "loads": self.loads,
+            "fingerprint": self.fingerprint,
             "in_flight": self.in_flight,
             "last_used": self.last_used,
         }
@@ -161,7 +183,7 @@ class AdapterRegistry:
             if not child.is_dir() or not has_adapter_files(child):
                 continue
             try:
-                self.register(child.name, child)
+                self.register(child.name, self.confine(child, str(child)))
                 ok.append(child.name)
             except (AdapterInvalid, FormatterError, AdapterConflict) as exc:
                 self.failed[child.name] = str(exc)
@@ -183,12 +205,25 @@ class AdapterRegistry:
         path = Path(src).expanduser()
         if not path.is_absolute():
             path = self.allowed_roots[0] / path
+        return self.confine(path, src)
+
+    def _inside(self, real: Path) -> bool:
+        return any(real == root or real.is_relative_to(root) for root in self.allowed_roots)
+
+    def confine(self, path: Path, shown: str) -> Path:
+        """The resolved directory, when it and the files read from it (config, weights, model.py)
+        lie inside an allowed root after symlinks are resolved; else AdapterInvalid. Used by
+        `POST /adapters` and by `discover()` alike."""
+        roots = ", ".join(str(r) for r in self.allowed_roots) or "none configured"
         real = path.resolve()
-        if not any(real == root or real.is_relative_to(root) for root in self.allowed_roots):
-            roots = ", ".join(str(r) for r in self.allowed_roots)
-            raise AdapterInvalid(f"src {src!r} is outside the allowed adapter root ({roots})")
+        if not self._inside(real):
+            raise AdapterInvalid(f"src {shown!r} is outside the allowed adapter root ({roots})")
         if not real.is_dir():
-            raise AdapterInvalid(f"src {src!r} is not a directory")
+            raise AdapterInvalid(f"src {shown!r} is not a directory")
+        for fname in (CONFIG_FILE, WEIGHTS_FILE, FORMATTER_FILE):
+            target = real / fname
+            if target.exists() and not self._inside(target.resolve()):
+                raise AdapterInvalid(f"src {shown!r}: {fname} links outside the allowed adapter root ({roots})")
         return real
 
     def register(self, name: str, path: Path, *, pin: bool = False) -> AdapterEntry:
@@ -247,6 +282,7 @@ class AdapterRegistry:
             await self._make_room(exclude=entry.name)
             start = time.perf_counter()
             try:
+                entry.fingerprint = await asyncio.to_thread(weights_fingerprint, entry.spec.path)
                 handle = await self.backend.load(entry.name, entry.spec.path)
             except Exception as exc:  # noqa: BLE001 - reported to the client as a failed dependency
                 log.error("adapters: loading %r failed: %s", entry.name, exc)
@@ -278,7 +314,8 @@ class AdapterRegistry:
 
     async def _evict(self, entry: AdapterEntry) -> None:
         handle, entry.handle = entry.handle, None
-        self._lru.pop(entry.name, None)
+        if self._lru.get(entry.name) is entry:  # a newer entry of the same name keeps its place
+            self._lru.pop(entry.name)
         ADAPTERS_RESIDENT.set(len(self._lru))
         if handle is not None:
             try:
@@ -321,6 +358,10 @@ class AdapterRegistry:
         if entry.in_flight == 0:
             await self._finish_delete(entry)
         else:
+            # Requests in flight keep the engine copy (their LoRARequest, its int id); the name is
+            # freed now so that the same name can be registered and loaded again meanwhile.
+            if entry.handle is not None:
+                self.backend.detach(entry.name, entry.handle)
             self._draining.add(entry)
             log.info("adapters: %r deleted; %d request(s) in flight finish first", name, entry.in_flight)
         return entry
@@ -359,9 +400,13 @@ class VLLMBackend:
             raise RuntimeError(result.error.message)
         return self.models.lora_requests[name]
 
-    async def unload(self, name: str, handle: Any) -> None:
+    def detach(self, name: str, handle: Any) -> None:
+        """Forget the name in vLLM's served-model map (the engine keeps the weights by int id)."""
         if self.models.lora_requests.get(name) is handle:
             del self.models.lora_requests[name]
+
+    async def unload(self, name: str, handle: Any) -> None:
+        self.detach(name, handle)
         await self.engine.remove_lora(handle.lora_int_id)
 
     async def pin(self, handle: Any) -> None:

@@ -12,6 +12,7 @@ lease when the response has been sent completely, streaming included.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -28,6 +29,20 @@ log = logging.getLogger(__name__)
 
 ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
 STATE_KEY = "lmi_adapter_use"
+STREAMS_KEY = "lmi_streams"  # the response's async generators, innermost (vLLM's) first
+# Streaming: bytes held back until the output formatter has run once (so that a formatter failing
+# on the first text can still turn the response into a 424). Past this, the response starts.
+MAX_PENDING_BYTES = 64 * 1024
+
+
+async def close_streams(state: dict) -> None:
+    """Close the response's generators, outermost first: vLLM's generator, closed, aborts the
+    request in the engine (AsyncLLM.generate catches GeneratorExit and calls abort)."""
+    for gen in reversed(state.pop(STREAMS_KEY, [])):
+        try:
+            await gen.aclose()
+        except Exception:  # noqa: BLE001 - closing is best effort; the engine side logs its own
+            log.debug("closing a response stream failed", exc_info=True)
 
 
 @dataclass
@@ -123,6 +138,33 @@ async def lmi_model_resolver(request: Request, req: Any) -> str | None:
         return None
     await use_adapter(request, name, "lmi", req, lmi=True)
     return name
+
+
+# ---------------------------------------------------------------------- KV isolation between adapters
+
+
+def isolated_cache_salt(identity: str | None, client_salt: str | None) -> str | None:
+    """The `cache_salt` vLLM and LMCache key reused KV by (LMCache keys chunks by token ids and
+    salt only). KV computed under an adapter carries its identity (name + weight fingerprint),
+    so only requests through the same adapter with the same weights reuse it; base requests
+    without a salt stay unsalted. A client's own salt is folded in (never passed through as is,
+    so no client can pick another namespace's salt)."""
+    if identity is None and not client_salt:
+        return None
+    digest = hashlib.sha256()
+    digest.update((identity or "base").encode())
+    digest.update(b"\0")
+    digest.update((client_salt or "").encode())
+    return digest.hexdigest()
+
+
+def apply_cache_salt(request: Request, engine_request: Any) -> None:
+    """Set the salt on the vLLM request (chat or completion) about to be sent to the engine."""
+    use: AdapterUse | None = getattr(request.state, STATE_KEY, None)
+    identity = None
+    if use is not None and use.lease is not None:
+        identity = use.lease.entry.cache_identity()
+    engine_request.cache_salt = isolated_cache_salt(identity, getattr(engine_request, "cache_salt", None))
 
 
 # ---------------------------------------------------------------------- output transforms (pure)
@@ -302,12 +344,16 @@ class AdapterMiddleware:
             except FormatterError as exc:
                 ctl["failed"] = True
                 if not ctl["started"]:
-                    return await send_error(use, str(exc))
-                log.warning("adapters: %s", exc)
-                await send({"type": "http.response.body", "body": _error_bytes(use, str(exc), ctl["kind"]), "more_body": False})
+                    await send_error(use, str(exc))
+                else:
+                    # Mid-stream: end the stream with an error event in its own format.
+                    log.warning("adapters: %s", exc)
+                    await send({"type": "http.response.body", "body": _error_bytes(use, str(exc), ctl["kind"]), "more_body": False})
+                if more:
+                    await close_streams(state)  # stop generating: abort the request in the engine
                 return
             if not ctl["started"]:
-                if more and not ctl["lines"].called:
+                if more and not ctl["lines"].called and len(ctl["pending"]) + len(body) <= MAX_PENDING_BYTES:
                     # Hold the status line until the formatter has run once, so that a formatter
                     # failing on the first text still turns the whole response into a 424.
                     ctl["pending"] += body

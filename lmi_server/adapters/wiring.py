@@ -89,12 +89,18 @@ async def build_when_ready(app: FastAPI) -> None:
 
 def install(app: FastAPI) -> None:
     """Adapter routes, resolvers and middleware. Resolvers only when option.enable_lora=true."""
-    from lmi_server.adapters.routing import AdapterMiddleware, lmi_model_resolver, openai_model_resolver
+    from lmi_server.adapters.routing import (
+        AdapterMiddleware,
+        apply_cache_salt,
+        lmi_model_resolver,
+        openai_model_resolver,
+    )
     from lmi_server.api import adapters as adapter_routes
 
     app.state.adapter_registry = None
     if lora_enabled(app.state.config):
         app.state.model_resolver = openai_model_resolver
         app.state.lmi_model_resolver = lmi_model_resolver
+        app.state.cache_salter = apply_cache_salt  # KV reuse isolated per adapter and weights
     app.add_middleware(AdapterMiddleware)
     app.include_router(adapter_routes.router)

@@ -12,12 +12,14 @@ from fastapi import FastAPI, Request
 from lmi_server.adapters import wiring as adapter_wiring
 from lmi_server.api import openai as openai_routes
 from lmi_server.api import sagemaker
+from lmi_server.api.auth import APIKeyMiddleware, load_api_keys
 from lmi_server.api.errors import install_error_handlers
 from lmi_server.api.sessions import SessionHook, SessionStore
 from lmi_server.config.schema import ServingConfig
 from lmi_server.engine import EngineOwner
 from lmi_server.metrics import MetricsMiddleware, register_lmcache_collector, unregister_collector
 from lmi_server.metrics import router as metrics_router
+from lmi_server.redact import install_log_redaction, register_secret
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,20 @@ async def _lmi_base_model(request: Request, parsed: Any) -> str | None:
     return None
 
 
+def _client_salt_only(request: Request, engine_request: Any) -> None:
+    """Default cache salter (LoRA off): the client's own `cache_salt`, if any, is used as sent."""
+    return None
+
+
+async def _sweep_sessions(store: SessionStore, interval_s: int) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(store.sweep)
+        except Exception:  # noqa: BLE001 - the next sweep tries again
+            log.exception("sessions: sweep failed")
+
+
 def create_app(
     cfg: ServingConfig,
     engine_args: dict[str, Any] | None = None,
@@ -39,11 +55,18 @@ def create_app(
     start_engine: bool = True,
 ) -> FastAPI:
     cache_server = None
+    api_keys = load_api_keys(cfg.security, cfg.model_dir)
     kv_plan = getattr(runtime, "kv_plan", None)
+    for secret in getattr(kv_plan, "secret_env", {}).values():
+        register_secret(secret)
     if kv_plan is not None and kv_plan.mode == "mp":
         from lmi_server.kvcache.mp_server import supervisor_for_plan
 
-        cache_server = supervisor_for_plan(kv_plan, max_restarts=cfg.lmcache.lmcache_max_restarts)
+        cache_server = supervisor_for_plan(
+            kv_plan,
+            max_restarts=cfg.lmcache.lmcache_max_restarts,
+            restart_window_s=cfg.lmcache.lmcache_restart_window,
+        )
     frontend_args = getattr(runtime, "frontend_args", None)
     owner = EngineOwner(
         cfg, engine_args if engine_args is not None else dict(cfg.engine_args), cache_server, frontend_args
@@ -51,14 +74,17 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        install_log_redaction()  # uvicorn's and vLLM's handlers exist by now
         collector = register_lmcache_collector(kv_plan, cache_server)
         if start_engine:
             owner.start_background()
         adapters_task = asyncio.create_task(adapter_wiring.build_when_ready(app))  # LoRA registry once ready
+        sweeper = asyncio.create_task(_sweep_sessions(app.state.session_hook.store, cfg.sessions.sessions_sweep_interval))
         try:
             yield
         finally:
             adapters_task.cancel()
+            sweeper.cancel()
             log.info("shutting down: stopping the engine")
             await owner.stop()
             unregister_collector(collector)
@@ -69,11 +95,13 @@ def create_app(
     app.state.engine_owner = owner
     app.state.model_resolver = _base_model_only
     app.state.lmi_model_resolver = _lmi_base_model
+    app.state.cache_salter = _client_salt_only
     app.state.session_hook = SessionHook(
         cfg.sessions.enable_stateful_sessions,
-        SessionStore(cfg.sessions.sessions_expiration, cfg.sessions.sessions_path),
+        SessionStore(cfg.sessions.sessions_expiration, cfg.sessions.sessions_path, max_sessions=cfg.sessions.max_sessions),
     )
     install_error_handlers(app)
+    app.add_middleware(APIKeyMiddleware, keys=api_keys, metrics_public=cfg.security.metrics_public)
     app.add_middleware(MetricsMiddleware)
     if owner.frontend_args.get("enable_request_id_headers"):
         from vllm.entrypoints.serve.middleware.x_request_id import XRequestIdMiddleware

@@ -14,24 +14,37 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lmi_server.redact import redact
+
 log = logging.getLogger(__name__)
 
 _TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
     404: "NotFoundError",
     413: "RequestTooLargeError",
     422: "UnprocessableEntityError",
     424: "FailedDependencyError",
     429: "RateLimitError",
     503: "ServiceUnavailableError",
+    507: "InsufficientStorageError",
 }
 
 
 class APIError(Exception):
     """An error with an HTTP status and a message a person can act on."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, lmi: bool = False):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        lmi: bool = False,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.param = param
@@ -88,7 +101,7 @@ def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -109,6 +122,6 @@ def install_error_handlers(app: FastAPI) -> None:
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error")
     return JSONResponse(
-        {"error": {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "InternalServerError", "code": 500}},
+        {"error": {"message": redact(f"internal error: {type(exc).__name__}: {exc}"), "type": "InternalServerError", "code": 500}},
         status_code=500,
     )

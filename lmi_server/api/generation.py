@@ -69,7 +69,20 @@ async def call_serving(coro: Awaitable[Any], request: Request, *, lmi: bool = Fa
     return result
 
 
-def as_response(result: Any, headers: dict[str, str] | None = None):
-    if isinstance(result, AsyncIterator) or hasattr(result, "__aiter__"):
+def is_stream(result: Any) -> bool:
+    return isinstance(result, AsyncIterator) or hasattr(result, "__aiter__")
+
+
+def track_stream(request: Request, gen: Any) -> Any:
+    """Record a response generator (innermost first) so that middleware that must end the
+    response early (a failing output formatter) can close it, which aborts the engine request."""
+    request.scope.setdefault("state", {}).setdefault("lmi_streams", []).append(gen)
+    return gen
+
+
+def as_response(result: Any, headers: dict[str, str] | None = None, request: Request | None = None):
+    if is_stream(result):
+        if request is not None:
+            track_stream(request, result)
         return StreamingResponse(result, media_type="text/event-stream", headers=headers)
     return JSONResponse(result.model_dump(exclude_none=False), headers=headers)

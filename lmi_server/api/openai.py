@@ -40,8 +40,9 @@ async def _generate(request: Request, parsed, headers: dict[str, str] | None, cr
     """Resolve the model/adapter, call one of vLLM's serving methods, shape the response."""
     state = engine_state(request)
     await request.app.state.model_resolver(request, parsed)
+    request.app.state.cache_salter(request, parsed)
     result = await call_serving(create(state.serving)(parsed, request), request)
-    return as_response(result, headers)
+    return as_response(result, headers, request)
 
 
 async def chat_completion(request: Request, parsed, headers: dict[str, str] | None = None):

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from lmi_server.api import openai as openai_routes
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import call_serving, engine_state
+from lmi_server.api.generation import call_serving, engine_state, track_stream
 from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
 
 router = APIRouter()
@@ -25,8 +25,12 @@ router = APIRouter()
 @router.get("/ping")
 @router.get("/health", include_in_schema=False)  # the name routers and load balancers probe
 async def ping(request: Request):
-    state = request.app.state.engine_owner.state
+    owner = request.app.state.engine_owner
+    state = owner.state
     if state.healthy:
+        degraded = getattr(owner.cache_server, "degraded", None)
+        if degraded:  # the engine serves (recomputing KV); the cache tier is being restarted
+            return JSONResponse({"status": "healthy", "degraded": degraded})
         return JSONResponse({"status": "healthy"})
     detail = {"starting": "loading the model", "failed": state.error, "stopped": "shutting down"}.get(
         state.status, "engine not healthy"
@@ -91,9 +95,12 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
         raise APIError(424, f"invalid parameters: {validation_message(exc.errors())}", lmi=True) from None
     except Exception as exc:  # noqa: BLE001 - vLLM's own request validators
         raise APIError(424, f"invalid parameters: {exc}", lmi=True) from None
+    request.app.state.cache_salter(request, completion_req)
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )
     if req.stream:
-        return StreamingResponse(stream_jsonlines(req, result), media_type="application/jsonlines", headers=headers)
+        track_stream(request, result)
+        lines = track_stream(request, stream_jsonlines(req, result))
+        return StreamingResponse(lines, media_type="application/jsonlines", headers=headers)
     return JSONResponse(format_response(req, result.model_dump()), headers=headers)

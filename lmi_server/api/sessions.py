@@ -4,11 +4,25 @@
 <id>; Expires=<UTC>`), later requests carry `X-Amzn-SageMaker-Session-Id`, and
 `{"requestType": "CLOSE"}` ends it (`X-Amzn-SageMaker-Closed-Session-Id`). Ids are 256 random
 bits. With `option.sessions_path` each session is a small file, so sessions survive a restart.
+
+Bounds: at most `option.max_sessions` live sessions (429 when full); expired sessions are swept
+from memory and disk on access, before each creation when full, and every
+`option.sessions_sweep_interval` seconds; a closed session is kept (so its id answers "closed",
+not "unknown") until its expiry time. A session is written to disk before its id is returned: a
+failed write is a 507 and leaves nothing behind.
+
+A session request body is validated with SageMaker's own model
+(`model_hosting_container_standards.sagemaker.sessions.models.SessionRequest`: `requestType`
+only, extra fields refused -> 400). Its `SessionManager` is not used: it has no cap on live
+sessions, no periodic sweep, uuid4 ids (122 random bits), forgets closed sessions (a closed id
+then reads "unknown"), and keeps sessions in /dev/shm by default; the store below does those.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import re
 import secrets
 import time
@@ -19,8 +33,11 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
-from lmi_server.api.errors import APIError
+from lmi_server.api.errors import APIError, validation_message
+
+log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Amzn-SageMaker-Session-Id"
 NEW_SESSION_HEADER = "X-Amzn-SageMaker-New-Session-Id"
@@ -40,10 +57,11 @@ def utc(ts: float) -> str:
 
 
 class SessionStore:
-    def __init__(self, expiration_s: int, path: Path | None = None, clock=time.time):
+    def __init__(self, expiration_s: int, path: Path | None = None, clock=time.time, max_sessions: int | None = None):
         self.expiration_s = expiration_s
         self.path = path
         self.clock = clock
+        self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
@@ -53,17 +71,65 @@ class SessionStore:
                     self._sessions[data["id"]] = Session(**data)
                 except (OSError, ValueError, KeyError, TypeError):
                     continue
+            for tmp in path.glob(".*.tmp"):  # a write interrupted by a crash
+                tmp.unlink(missing_ok=True)
+        self.sweep()
+
+    def _file(self, session_id: str) -> Path | None:
+        return None if self.path is None else self.path / f"{session_id}.json"
 
     def _save(self, session: Session) -> None:
         if self.path is not None:
             tmp = self.path / f".{session.id}.tmp"
-            tmp.write_text(json.dumps(session.__dict__))
-            tmp.replace(self.path / f"{session.id}.json")
+            try:
+                tmp.write_text(json.dumps(session.__dict__))
+                tmp.replace(self.path / f"{session.id}.json")
+            except OSError:
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:
+                    pass
+                raise
+
+    def _forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+        file = self._file(session_id)
+        if file is not None:
+            try:
+                file.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("sessions: could not remove %s: %s", file, exc)
+
+    def sweep(self) -> int:
+        """Remove expired sessions (closed ones included) from memory and disk; returns how many."""
+        now = self.clock()
+        expired = [sid for sid, s in self._sessions.items() if now >= s.expires_at]
+        for sid in expired:
+            self._forget(sid)
+        if expired:
+            log.info("sessions: swept %d expired session(s)", len(expired))
+        return len(expired)
 
     def create(self) -> Session:
+        if self.max_sessions is not None and self.live_count() >= self.max_sessions:
+            self.sweep()
+            if self.live_count() >= self.max_sessions:
+                raise APIError(
+                    429,
+                    f"too many open sessions ({self.max_sessions}, option.max_sessions); close one "
+                    "with {\"requestType\": \"CLOSE\"} or retry after sessions expire",
+                )
         session = Session(id=secrets.token_urlsafe(32), expires_at=self.clock() + self.expiration_s)
+        try:
+            self._save(session)  # persisted before its id is known to anyone
+        except OSError as exc:
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            log.error("sessions: cannot store a new session in %s: %s", self.path, exc)
+            raise APIError(
+                507 if full else 500,
+                f"the session could not be stored ({exc.strerror or type(exc).__name__}); no session was opened",
+            ) from None
         self._sessions[session.id] = session
-        self._save(session)
         return session
 
     def check(self, session_id: str) -> Session:
@@ -71,21 +137,47 @@ class SessionStore:
         session = self._sessions.get(session_id) if _ID.match(session_id) else None
         if session is None:
             raise APIError(400, f"session {session_id!r} is unknown; open one with {{\"requestType\": \"NEW_SESSION\"}}")
+        if self.clock() >= session.expires_at:
+            self._forget(session_id)  # swept on access
+            raise APIError(400, f"session {session_id!r} expired at {utc(session.expires_at)}")
         if session.closed:
             raise APIError(400, f"session {session_id!r} was closed")
-        if self.clock() >= session.expires_at:
-            raise APIError(400, f"session {session_id!r} expired at {utc(session.expires_at)}")
         return session
 
     def close(self, session_id: str) -> Session:
         session = self.check(session_id)
-        session.closed = True
-        self._save(session)
+        session.closed = True  # closed in memory whatever happens on disk
+        try:
+            self._save(session)
+        except OSError as exc:
+            log.error("sessions: cannot record the close of a session in %s: %s", self.path, exc)
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise APIError(
+                507 if full else 500,
+                f"the session is closed, but this could not be stored ({exc.strerror or type(exc).__name__})",
+            ) from None
         return session
 
     def live_count(self) -> int:
         now = self.clock()
         return sum(1 for s in self._sessions.values() if not s.closed and s.expires_at > now)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+def validate_session_request(body: dict[str, Any]) -> None:
+    """SageMaker's session request model: `{"requestType": "NEW_SESSION" | "CLOSE"}`, nothing else."""
+    from model_hosting_container_standards.sagemaker.sessions.models import SessionRequest
+
+    try:
+        SessionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise APIError(
+            400,
+            f"invalid session request: {validation_message(exc.errors())} "
+            '(example: {"requestType": "NEW_SESSION"} or {"requestType": "CLOSE"})',
+        ) from None
 
 
 class SessionHook:
@@ -102,6 +194,10 @@ class SessionHook:
             return None
         if not self.enabled:
             raise APIError(400, "stateful sessions are disabled on this endpoint (option.enable_stateful_sessions=false)")
+        if request_type is not None:
+            if request_type not in ("NEW_SESSION", "CLOSE"):
+                raise APIError(400, f"requestType {request_type!r} is not one of NEW_SESSION, CLOSE")
+            validate_session_request(body)
         if request_type == "NEW_SESSION":
             session = self.store.create()
             return JSONResponse(
@@ -113,7 +209,5 @@ class SessionHook:
                 raise APIError(400, f"CLOSE needs the {SESSION_HEADER} header naming the session")
             session = self.store.close(session_id)
             return JSONResponse({"closed_session_id": session.id}, headers={CLOSED_SESSION_HEADER: session.id})
-        if request_type is not None:
-            raise APIError(400, f"requestType {request_type!r} is not one of NEW_SESSION, CLOSE")
         self.store.check(session_id)
         return {SESSION_HEADER: session_id}

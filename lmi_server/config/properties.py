@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmi_server.redact import mask_value
+
 log = logging.getLogger(__name__)
 
 _SEPARATORS = "=: \t\f"
@@ -133,8 +135,8 @@ def merge_sources(file_props: Mapping[str, str], env_props: Mapping[str, str]) -
             log.warning(
                 "environment tried to set %s=%r; serving.properties wins with %r",
                 key,
-                values[key],
-                value,
+                mask_value(key, values[key]),
+                mask_value(key, value),
             )
         values[key] = value
         sources[key] = "file"

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from lmi_server.adapters.options import AdapterOptions
 from lmi_server.config import host
 from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.redact import mask_value
+from lmi_server.security_options import SecurityOptions
 from lmi_server.sessions_options import SessionOptions
 from lmi_server.speculative_options import SpeculativeOptions
 
@@ -66,6 +68,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "speculative": SpeculativeOptions,
     "adapters": AdapterOptions,
     "sessions": SessionOptions,
+    "security": SecurityOptions,
 }
 
 # LMI name -> vLLM engine-argument name.
@@ -227,6 +230,7 @@ class ServingConfig(BaseModel):
     speculative: SpeculativeOptions
     adapters: AdapterOptions
     sessions: SessionOptions
+    security: SecurityOptions = Field(default_factory=SecurityOptions)
     not_applicable: dict[str, str] = Field(default_factory=dict)
     overridden_by_file: list[str] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict)
@@ -353,7 +357,8 @@ def build_serving_config(
         elif key in vllm_frontend_excluded():
             problems.append(f"option.{key}: not a key of this container; {vllm_frontend_excluded()[key]}")
         else:
-            problems.append(f"option.{key}={raw!r}: unknown key{suggest(key)}")
+            hint = suggest(key)  # a mistyped secret key (api_kye) is masked like the real one
+            problems.append(f"option.{key}={mask_value(key + hint, raw)!r}: unknown key{hint}")
 
     sections: dict[str, BaseModel] = {}
     for name, model in SECTIONS.items():
@@ -363,6 +368,7 @@ def build_serving_config(
             for err in exc.errors():
                 field = ".".join(str(p) for p in err["loc"])
                 value = section_values[name].get(str(err["loc"][0]), err.get("input"))
+                value = mask_value(field, value)
                 problems.append(f"option.{field}={value!r}: {err['msg']}")
             sections[name] = model()
 

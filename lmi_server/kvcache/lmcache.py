@@ -12,8 +12,9 @@ multiprocess server (`python -m lmcache.v1.multiprocess.server`, flags from its 
     chunk_size                    → --chunk-size
     local_disk + extra_config     → --l2-adapter {"type": "fs", "base_path": ..., "use_odirect": ...}
     remote_url redis://h:p        → --l2-adapter {"type": "resp", "host": h, "port": p}
+      (user:password@ of the URL  → LMCACHE_RESP_USERNAME / _PASSWORD in the server's environment only)
     mp_host / mp_port             → --host / --port
-    mp_shm: true (engine_driven)  → --shm-name lmcache_mp_<port>  (CPU tier in /dev/shm: hits are not pickled)
+    mp_shm: true (engine_driven)  → --shm-name lmcache_mp_<port>_<pid>  (CPU tier in /dev/shm: hits are not pickled)
 
 The transfer mode follows the platform: `engine_driven` on CPU (the only mode the CPU engine
 can register; without it the worker hangs 300 s in register_kv_caches), `lmcache_driven`
@@ -26,6 +27,7 @@ import ast
 import difflib
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -279,13 +281,22 @@ def l2_adapter_specs(tiers: CacheTiers) -> list[dict[str, Any]]:
     if tiers.disk is not None:
         specs.append({"type": "fs", "base_path": str(tiers.disk.path), "use_odirect": tiers.disk.odirect})
     if tiers.remote is not None:
-        spec: dict[str, Any] = {"type": "resp", "host": tiers.remote.host, "port": tiers.remote.port}
-        if tiers.remote.username:
-            spec["username"] = tiers.remote.username
-        if tiers.remote.password:
-            spec["password"] = tiers.remote.password
-        specs.append(spec)
+        # No credentials here: this JSON goes on the server's command line (visible in `ps`);
+        # they travel in the child's environment instead (`remote_secret_env`).
+        specs.append({"type": "resp", "host": tiers.remote.host, "port": tiers.remote.port})
     return specs
+
+
+def remote_secret_env(tiers: CacheTiers) -> dict[str, str]:
+    """The remote tier's credentials as LMCache's resp adapter reads them from its environment
+    (`LMCACHE_RESP_USERNAME` / `LMCACHE_RESP_PASSWORD`, lmcache/v1/distributed/l2_adapters/resp_l2_adapter.py)."""
+    env: dict[str, str] = {}
+    if tiers.remote is not None:
+        if tiers.remote.username:
+            env["LMCACHE_RESP_USERNAME"] = tiers.remote.username
+        if tiers.remote.password:
+            env["LMCACHE_RESP_PASSWORD"] = tiers.remote.password
+    return env
 
 
 def mp_server_argv(tiers: CacheTiers, python: str | None = None, *, shm: bool = False) -> list[str]:
@@ -303,8 +314,8 @@ def mp_server_argv(tiers: CacheTiers, python: str | None = None, *, shm: bool = 
     if shm and tiers.transfer_mode == "engine_driven":
         # Put the CPU tier in a POSIX shared-memory segment: the engine's workers then copy KV
         # straight between the segment and their paged KV cache. Without it LMCache pickles every
-        # hit over ZMQ (clone, pickle, send, unpickle, copy). One name per port: a restarted
-        # server on the same port reclaims a stale segment; the supervisor unlinks it at stop.
+        # hit over ZMQ (clone, pickle, send, unpickle, copy). One name per port and serving
+        # process: a restarted server reclaims it; the supervisor unlinks it at stop.
         # LMCache itself falls back to pickle when /dev/shm is smaller than the tier.
         argv += ["--shm-name", shm_segment_name(tiers.port)]
     for spec in l2_adapter_specs(tiers):
@@ -312,9 +323,11 @@ def mp_server_argv(tiers: CacheTiers, python: str | None = None, *, shm: bool = 
     return argv
 
 
-def shm_segment_name(port: int) -> str:
-    """The /dev/shm segment holding the MP server's CPU tier (engine_driven transfer)."""
-    return f"lmcache_mp_{port}"
+def shm_segment_name(port: int, instance: int | None = None) -> str:
+    """The /dev/shm segment holding the MP server's CPU tier (engine_driven transfer). Unique per
+    serving process (its pid), so that the supervisor's clean-up never takes another server's
+    segment; a restarted cache server of the same instance reclaims it."""
+    return f"lmcache_mp_{port}_{os.getpid() if instance is None else instance}"
 
 
 def mp_kv_transfer_config(tiers: CacheTiers) -> dict[str, Any]:
@@ -407,6 +420,7 @@ def plan_from_config_file(
         kv_transfer_config=mp_kv_transfer_config(tiers),
         server_argv=mp_server_argv(tiers, python, shm=cfg.mp_shm),
         env=env,
+        secret_env=remote_secret_env(tiers),
         reasons=reasons,
         source="config_file",
         tiers=tiers,

@@ -5,13 +5,20 @@ starts and must come back if it dies. The supervisor:
 
 - starts `python -m lmcache.v1.multiprocess.server ...` in its own process group (its worker
   threads and any helper processes die together), with the plan's environment (same
-  PYTHONHASHSEED as the engine, telemetry off);
+  PYTHONHASHSEED as the engine, telemetry off) plus its secret environment (a remote tier's
+  password: never on the command line), through `mp_child`, which makes it die with this
+  process even when this process is SIGKILLed (a pipe that reads EOF);
 - waits until the server answers a real RPC (`get_chunk_size` over its ZMQ socket, the call
   the vLLM connector itself makes first), failing fast with the log tail if it exits;
-- watches it from a daemon thread and restarts it (with back-off, up to `max_restarts`); the
-  vLLM connector's heartbeat re-registers its KV caches with the new server;
-- stops it with SIGTERM to the group, then SIGKILL after a grace period, and removes any POSIX
-  shared-memory segment the server left in /dev/shm.
+- watches it from a daemon thread and restarts it with back-off; at most `max_restarts` within
+  any `restart_window_s` (sliding window): past that it does not give up for good but waits
+  until the oldest restart leaves the window (so a crash loop costs little, and a server that
+  died a few times over days still comes back). While it is down `degraded` says why (/ping
+  reports it; serving goes on without KV offloading); the vLLM connector's heartbeat
+  re-registers its KV caches with the new server;
+- stops it with SIGTERM to the group, then SIGKILL after a grace period, and removes the POSIX
+  shared-memory segments this instance created (its `--shm-name`, and new segments its
+  child was seen mapping); segments of other processes are never touched.
 
 Blocking methods are safe to call from asyncio through `start_async` / `stop_async`.
 """
@@ -104,9 +111,20 @@ class MPServerSupervisor:
         poll_interval_s: float = 0.5,
         probe: Callable[[str, int], bool] | None = None,
         log_tail_lines: int = 200,
+        secret_env: Mapping[str, str] | None = None,
+        restart_window_s: float = 600.0,
+        watchdog: bool = True,
     ) -> None:
         self._argv = list(argv)
-        self._env = {**os.environ, **env}
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("OPTION_API_KEY")}  # not its business
+        self._env = {**inherited, **env, **(secret_env or {})}
+        self.restart_window_s = restart_window_s
+        self._restart_times: collections.deque[float] = collections.deque()
+        self._watchdog = watchdog and len(self._argv) > 2 and self._argv[1] in ("-m", "-c")
+        self._watchdog_w: int | None = None
+        self._shm_names = {
+            self._argv[i + 1] for i, a in enumerate(self._argv[:-1]) if a == "--shm-name" and "/" not in self._argv[i + 1]
+        }
         self._host = host
         self._port = port
         self.max_restarts = max_restarts
@@ -123,6 +141,7 @@ class MPServerSupervisor:
         self._shm_used: set[str] = set()
         self.restarts = 0
         self.failed = False
+        self.down_since: float | None = None
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -139,6 +158,16 @@ class MPServerSupervisor:
         """The server process is running (lock-free: cheap enough for a /ping handler)."""
         proc = self._proc
         return proc is not None and proc.poll() is None
+
+    @property
+    def degraded(self) -> str | None:
+        """Why KV offloading is unavailable right now, or None while the server is up."""
+        if self._stopping.is_set() or self._proc is None or self.alive:
+            return None
+        return (
+            f"LMCache cache server down ({self.restarts} restarts so far); requests are served "
+            "without KV offloading while the supervisor restarts it"
+        )
 
     def log_tail(self, n: int = 30) -> str:
         return "\n".join(list(self._log_tail)[-n:])
@@ -161,15 +190,26 @@ class MPServerSupervisor:
         await asyncio.to_thread(self.start)
 
     def _spawn(self) -> None:
-        log.info("starting LMCache MP server: %s", " ".join(self._argv))
-        self._proc = subprocess.Popen(
-            self._argv,
-            env=self._env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group: one signal reaches all of it
-        )
+        argv, pass_fds = self._argv, ()
+        if self._watchdog:
+            self._close_watchdog()
+            read_end, self._watchdog_w = os.pipe()  # both non-inheritable; read end passed explicitly
+            argv = [self._argv[0], "-m", "lmi_server.kvcache.mp_child", "--watchdog-fd", str(read_end), *self._argv[1:]]
+            pass_fds = (read_end,)
+        log.info("starting LMCache MP server: %s", " ".join(argv))
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: one signal reaches all of it
+                pass_fds=pass_fds,
+            )
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
         threading.Thread(target=self._pump_output, args=(self._proc,), name="lmcache-mp-log", daemon=True).start()
 
     def _pump_output(self, proc: subprocess.Popen[bytes]) -> None:
@@ -217,15 +257,27 @@ class MPServerSupervisor:
                 if proc is None or proc.poll() is None or self._stopping.is_set():
                     continue
                 code = proc.returncode
-                if self.restarts >= self.max_restarts:
-                    self.failed = True
-                    log.error(
-                        "LMCache MP server died (exit %s) and the restart limit (%d) is reached; KV offloading is down",
-                        code, self.max_restarts,
-                    )
+                if self.down_since is None:
+                    self.down_since = time.monotonic()
+                    log.warning("LMCache MP server died (exit %s)", code)
+                wait = self._window_wait()
+                if wait > 0:
+                    if not self.failed:
+                        self.failed = True
+                        log.error(
+                            "LMCache MP server: %d restarts within %.0f s (the limit); next try in %.0f s; "
+                            "requests are served without KV offloading meanwhile",
+                            self.max_restarts, self.restart_window_s, wait,
+                        )
+                else:
+                    self.restarts += 1
+                    self._restart_times.append(time.monotonic())
+                    log.warning("LMCache MP server restart %d (%d within the last %.0f s)",
+                                self.restarts, len(self._restart_times), self.restart_window_s)
+            if wait > 0:
+                if self._stopping.wait(min(wait, 60.0)):
                     return
-                self.restarts += 1
-                log.warning("LMCache MP server died (exit %s); restart %d of %d", code, self.restarts, self.max_restarts)
+                continue
             if self._stopping.wait(backoff):
                 return
             with self._lock:
@@ -235,9 +287,30 @@ class MPServerSupervisor:
                     self._killpg(proc, signal.SIGKILL)  # leftovers of the dead server's group
                     self._spawn_and_wait()
                     backoff = 1.0
+                    self.failed = False
+                    self.down_since = None
                 except MPServerError as e:
                     log.error("LMCache MP server restart failed: %s", e)
                     backoff = min(backoff * 2, 30.0)
+
+    def _window_wait(self) -> float:
+        """Seconds until another restart is allowed (0: now): at most max_restarts per window."""
+        now = time.monotonic()
+        while self._restart_times and now - self._restart_times[0] >= self.restart_window_s:
+            self._restart_times.popleft()
+        if len(self._restart_times) < self.max_restarts:
+            return 0.0
+        if self.max_restarts == 0:
+            return self.restart_window_s
+        return max(0.01, self._restart_times[0] + self.restart_window_s - now)
+
+    def _close_watchdog(self) -> None:
+        if self._watchdog_w is not None:
+            try:
+                os.close(self._watchdog_w)
+            except OSError:
+                pass
+            self._watchdog_w = None
 
     # -- stop ----------------------------------------------------------------------------------
 
@@ -250,6 +323,7 @@ class MPServerSupervisor:
                 self._terminate(proc)
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=self.stop_timeout_s)
+        self._close_watchdog()
         self._remove_new_shm_segments()
 
     async def stop_async(self) -> None:
@@ -275,11 +349,13 @@ class MPServerSupervisor:
         self._killpg(proc, signal.SIGKILL)
 
     def _remove_new_shm_segments(self) -> None:
-        """Remove the server's /dev/shm segments: those it was seen to use, and new ones named
-        like LMCache's L1 pool (`lmcache_l1_pool_*`). After SIGKILL nobody else unlinks them.
-        Other processes' segments (e.g. vLLM's own `psm_*`) are left alone."""
-        new = _shm_segments() - self._shm_before
-        for name in (self._shm_used & _shm_segments()) | {n for n in new if n.startswith("lmcache")}:
+        """Remove the /dev/shm segments this instance's server created: its `--shm-name` and the
+        segments its process was seen mapping that did not exist before it started. After SIGKILL
+        nobody else unlinks them. Anything else (another server's `lmcache_*`, vLLM's `psm_*`)
+        is left alone, even when its name looks like ours."""
+        present = _shm_segments()
+        mine = (self._shm_used - self._shm_before) | self._shm_names
+        for name in mine & present:
             path = SHM_DIR / name
             try:
                 if path.is_file():
@@ -296,7 +372,9 @@ class MPServerSupervisor:
         self.stop()
 
 
-def supervisor_for_plan(plan: object, *, max_restarts: int = 5, **kwargs: object) -> MPServerSupervisor:
+def supervisor_for_plan(
+    plan: object, *, max_restarts: int = 5, restart_window_s: float = 600.0, **kwargs: object
+) -> MPServerSupervisor:
     """Build the supervisor from a `KVCachePlan` whose mode is "mp"."""
     from lmi_server.kvcache.plan import KVCachePlan  # noqa: PLC0415
 
@@ -304,5 +382,6 @@ def supervisor_for_plan(plan: object, *, max_restarts: int = 5, **kwargs: object
     if plan.mode != "mp" or plan.server_argv is None or plan.tiers is None:
         raise MPServerError(f"plan mode {plan.mode!r} has no MP server to supervise")
     return MPServerSupervisor(
-        plan.server_argv, plan.env, host=plan.tiers.host, port=plan.tiers.port, max_restarts=max_restarts, **kwargs  # type: ignore[arg-type]
+        plan.server_argv, plan.env, host=plan.tiers.host, port=plan.tiers.port, max_restarts=max_restarts,  # type: ignore[arg-type]
+        secret_env=plan.secret_env, restart_window_s=restart_window_s, **kwargs,  # type: ignore[arg-type]
     )

@@ -60,5 +60,11 @@ class LMCacheOptions(BaseModel):
         "process that shares a cache; `random` is not allowed for that reason).",
     )
     lmcache_max_restarts: int = Field(
-        5, ge=0, description="How many times the supervisor restarts a dead LMCache MP server."
+        5, ge=0,
+        description="Restarts of a dead LMCache MP server allowed within option.lmcache_restart_window "
+        "(sliding window); past that the supervisor waits until the oldest restart leaves the window, "
+        "and /ping reports the degraded state meanwhile.",
+    )
+    lmcache_restart_window: int = Field(
+        600, gt=0, description="Seconds of the sliding window that option.lmcache_max_restarts counts in."
     )

@@ -32,11 +32,11 @@ class DiskTier:
 
 @dataclass(frozen=True)
 class RemoteTier:
-    url: str
+    url: str = field(repr=False)  # may hold user:password@
     host: str
     port: int
     username: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)
 
     def redacted_url(self) -> str:
         return f"redis://{'***@' if self.password else ''}{self.host}:{self.port}"
@@ -69,6 +69,9 @@ class KVCachePlan:
     source: Literal["config_file", "auto", "none"]
     tiers: CacheTiers | None = None
     warnings: list[str] = field(default_factory=list)
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    """Credentials for the cache server only (e.g. LMCACHE_RESP_PASSWORD): handed to that child
+    through its environment, never on its command line, never to the engine, never printed."""
 
     @property
     def port(self) -> int | None:
@@ -95,6 +98,7 @@ class KVCachePlan:
             "kv_transfer_config": self.kv_transfer_config,
             "server_argv": _redact_argv(self.server_argv),
             "env": self.env,
+            "secret_env": {k: "***" for k in self.secret_env},
             "tiers": tiers,
             "metrics_url": self.metrics_url,
             "reasons": self.reasons,

@@ -93,14 +93,19 @@ class FakeBackend:
             await asyncio.sleep(self.delay)
         if name in self.fail:
             raise RuntimeError(f"engine refused {name}")
+        if name in self.loaded:  # as vLLM's load_lora_adapter: one LoRARequest per name
+            raise RuntimeError(f"The lora adapter '{name}' has already been loaded")
         handle = object()
         self.loaded[name] = handle
         return handle
 
-    async def unload(self, name, handle):
-        self.unloads.append(name)
+    def detach(self, name, handle):
         if self.loaded.get(name) is handle:
             del self.loaded[name]
+
+    async def unload(self, name, handle):
+        self.unloads.append(name)
+        self.detach(name, handle)
 
     async def pin(self, handle):
         self.pins.append(next(n for n, h in self.loaded.items() if h is handle))

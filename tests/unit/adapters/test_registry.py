@@ -151,3 +151,51 @@ async def test_failed_load_is_a_failed_dependency(tmp_path, base_info):
     with pytest.raises(AdapterUnavailable, match="engine refused x"):
         await reg.acquire("x")
     assert reg.get("x").in_flight == 0 and not reg.get("x").resident
+
+
+async def test_delete_then_register_same_name_while_old_requests_finish(tmp_path, base_info, fake_backend):
+    root = tmp_path / "ad"
+    make_adapter(root, "x")
+    make_adapter(root, "x2")
+    reg = registry(root, fake_backend, base_info)
+    reg.discover()
+    old = await reg.acquire("x")
+    old_handle = old.entry.handle
+    await reg.remove("x")
+    await reg.add("x", "x2")  # same name, other weights, while the old request still runs
+    new = await reg.acquire("x")
+    assert new.entry is not old.entry and new.entry.handle is not old_handle
+    await old.release()  # the old engine copy goes; the new one stays resident and listed
+    assert fake_backend.loaded["x"] is new.entry.handle and new.entry.resident
+    assert reg._lru["x"] is new.entry
+    await new.release()
+
+
+async def test_fingerprint_follows_the_weights(tmp_path, base_info, fake_backend):
+    root = tmp_path / "ad"
+    make_adapter(root, "a")
+    make_adapter(root, "b", r=4)
+    reg = registry(root, fake_backend, base_info)
+    reg.discover()
+    a = await reg.acquire("a")
+    b = await reg.acquire("b")
+    assert a.entry.fingerprint and a.entry.fingerprint != b.entry.fingerprint
+    assert a.entry.cache_identity() != b.entry.cache_identity()
+    await a.release()
+    await b.release()
+
+
+def test_discover_refuses_symlinks_out_of_the_root(tmp_path, base_info, fake_backend):
+    root = tmp_path / "ad"
+    root.mkdir()
+    outside = make_adapter(tmp_path / "elsewhere", "outside")
+    (root / "linked").symlink_to(outside)
+    inner = make_adapter(root, "files-out")
+    (inner / "adapter_model.safetensors").unlink()
+    (inner / "adapter_model.safetensors").symlink_to(outside / "adapter_model.safetensors")
+    make_adapter(root, "fine")
+    reg = registry(root, fake_backend, base_info)
+    ok, failed = reg.discover()
+    assert ok == ["fine"]
+    assert "outside the allowed adapter root" in failed["linked"]
+    assert "links outside" in failed["files-out"]

@@ -48,3 +48,58 @@ def test_sessions_survive_a_restart_when_stored_on_disk(tmp_path):
 def test_malformed_id_is_unknown_not_a_crash():
     with pytest.raises(APIError, match="unknown"):
         SessionStore(60).check("../../etc/passwd")
+
+
+def test_expired_sessions_are_swept_from_memory_and_disk(tmp_path):
+    clock = Clock()
+    store = SessionStore(60, tmp_path, clock=clock)
+    old = store.create()
+    closed = store.create()
+    store.close(closed.id)
+    clock.now += 30
+    young = store.create()
+    clock.now += 31
+    assert store.sweep() == 2
+    assert len(store) == 1 and sorted(p.name for p in tmp_path.iterdir()) == [f"{young.id}.json"]
+    clock.now += 60
+    with pytest.raises(APIError, match="expired"):  # swept on access too
+        store.check(young.id)
+    assert len(store) == 0 and list(tmp_path.iterdir()) == []
+    assert old.id not in store._sessions
+
+
+def test_max_sessions_is_a_429_until_one_closes_or_expires():
+    clock = Clock()
+    store = SessionStore(60, clock=clock, max_sessions=2)
+    a = store.create()
+    store.create()
+    with pytest.raises(APIError) as full:
+        store.create()
+    assert full.value.status == 429 and "option.max_sessions" in full.value.message
+    store.close(a.id)
+    store.create()
+    clock.now += 61
+    store.create()  # expired ones are swept to make room
+    assert store.live_count() == 1
+
+
+def test_a_failed_write_is_an_error_and_leaves_no_session(tmp_path):
+    import shutil
+
+    path = tmp_path / "sessions"
+    store = SessionStore(60, path)
+    shutil.rmtree(path)
+    path.write_text("not a directory")  # every write now fails (even as root)
+    with pytest.raises(APIError) as err:
+        store.create()
+    assert err.value.status in (500, 507) and "no session was opened" in err.value.message
+    assert len(store) == 0
+
+
+def test_session_body_is_validated_as_sagemaker_does():
+    from lmi_server.api.sessions import validate_session_request
+
+    validate_session_request({"requestType": "NEW_SESSION"})
+    with pytest.raises(APIError, match="Extra inputs are not permitted") as err:
+        validate_session_request({"requestType": "NEW_SESSION", "ttl": 5})
+    assert err.value.status == 400

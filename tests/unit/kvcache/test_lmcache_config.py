@@ -64,11 +64,13 @@ def test_redis_file_translates_to_resp_adapter():
     assert spec == {"type": "resp", "host": "lmcache-redis", "port": 6379}
 
 
-def test_redis_password_is_passed_but_redacted_in_json(tmp_path):
+def test_redis_password_goes_by_environment_not_argv(tmp_path):
     p = file_plan(write(tmp_path, "remote_url: redis://user:s3cret@r:6380\n"))
     spec = json.loads(p.server_argv[-1])
-    assert spec["password"] == "s3cret" and spec["username"] == "user"
-    assert "s3cret" not in p.to_json()
+    assert spec == {"type": "resp", "host": "r", "port": 6380}
+    assert "s3cret" not in " ".join(p.server_argv)
+    assert p.secret_env == {"LMCACHE_RESP_USERNAME": "user", "LMCACHE_RESP_PASSWORD": "s3cret"}
+    assert "s3cret" not in p.to_json() and "s3cret" not in json.dumps(p.env) and "s3cret" not in repr(p)
 
 
 def test_disk_and_remote_both(tmp_path):

@@ -138,3 +138,68 @@ def test_supervisor_for_plan_needs_mp():
     plan = KVCachePlan(mode=None, kv_transfer_config=None, server_argv=None, env={}, reasons=[], source="none")
     with pytest.raises(MPServerError, match="no MP server"):
         supervisor_for_plan(plan)
+
+
+def test_restarts_are_counted_in_a_sliding_window():
+    sup = MPServerSupervisor(SLEEPER, {}, port=1, probe=always_ready, poll_interval_s=0.05, max_restarts=2, restart_window_s=8.0, stop_timeout_s=3)
+    sup.start()
+    try:
+        for n in (1, 2):
+            pid = sup.pid
+            os.kill(pid, 9)
+            assert wait_until(lambda: sup.restarts == n and sup.alive and sup.pid != pid)
+        os.kill(sup.pid, 9)  # a third death inside the window: no restart now, degraded meanwhile
+        assert wait_until(lambda: sup.failed and not sup.alive)
+        assert sup.restarts == 2 and "down" in sup.degraded
+        # Once the oldest restart has left the window the server comes back (no permanent give-up).
+        assert wait_until(lambda: sup.restarts == 3 and sup.alive, timeout=30)
+        assert sup.degraded is None and not sup.failed
+    finally:
+        sup.stop()
+
+
+def test_child_dies_with_its_parent_even_on_sigkill(tmp_path):
+    import subprocess
+
+    script = (
+        "import os, sys, time\n"
+        "from lmi_server.kvcache.mp_server import MPServerSupervisor\n"
+        f"sup = MPServerSupervisor({SLEEPER!r}, {{}}, port=1, probe=lambda h, p: True, poll_interval_s=0.1)\n"
+        "sup.start()\n"
+        "print(sup.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=str(tmp_path),
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = int(parent.stdout.readline())
+    assert pid_alive(child)
+    parent.kill()  # no clean-up code of the parent runs
+    parent.wait()
+    assert wait_until(lambda: not pid_alive(child) and group_pids(child) == [], timeout=15)
+
+
+def test_secret_env_reaches_the_child_but_not_its_command_line(tmp_path):
+    argv = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)"]
+    sup = MPServerSupervisor(argv, {}, port=1, probe=always_ready, poll_interval_s=0.1, secret_env={"LMCACHE_RESP_PASSWORD": "pw-s3cret-123"})
+    sup.start()
+    try:
+        with open(f"/proc/{sup.pid}/cmdline", "rb") as f:
+            assert b"pw-s3cret-123" not in f.read()
+        with open(f"/proc/{sup.pid}/environ", "rb") as f:
+            assert b"LMCACHE_RESP_PASSWORD=pw-s3cret-123" in f.read().split(b"\0")
+    finally:
+        sup.stop()
+
+
+def test_shm_sweep_removes_only_this_instances_segments(tmp_path, monkeypatch):
+    from lmi_server.kvcache import mp_server
+
+    monkeypatch.setattr(mp_server, "SHM_DIR", tmp_path)
+    (tmp_path / "lmcache_mp_9_old").write_bytes(b"x")  # another server's, present before
+    argv = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)", "--shm-name", "lmcache_mp_1_42"]
+    sup = MPServerSupervisor(argv, {}, port=1, probe=always_ready, poll_interval_s=0.1)
+    sup.start()
+    (tmp_path / "lmcache_mp_1_42").write_bytes(b"x")  # ours (named on our command line)
+    (tmp_path / "lmcache_l1_pool_other").write_bytes(b"x")  # a neighbour's, created meanwhile
+    sup.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lmcache_l1_pool_other", "lmcache_mp_9_old"]
