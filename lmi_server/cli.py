@@ -39,6 +39,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from lmi_server.api.app import create_app
+    from lmi_server.api.lifecycle import DrainingServer
     from lmi_server.api.auth import load_api_keys, warn_if_unprotected
     from lmi_server.runtime import resolve_runtime
 
@@ -52,15 +53,15 @@ def cmd_serve(args) -> int:
             runtime.engine_memory["kv_cache_gib"], "; ".join(runtime.engine_memory["reasons"]),
         )
     app = create_app(cfg, runtime.engine_args, runtime=runtime)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=args.graceful_timeout,
-        timeout_keep_alive=30,
+    drain_s = args.graceful_timeout if args.graceful_timeout is not None else cfg.server.graceful_shutdown_timeout
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level,
+        timeout_graceful_shutdown=max(1, int(drain_s)), timeout_keep_alive=30,
     )
-    return 0
+    server = DrainingServer(config, app, drain_timeout_s=drain_s)
+    app.state.uvicorn_server = server
+    server.run()
+    return int(app.state.exit_code)
 
 
 def cmd_demo_model(args) -> int:
@@ -98,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--log-level", default="info")
-    serve.add_argument("--graceful-timeout", type=int, default=30, help="seconds in-flight requests get on SIGTERM")
+    serve.add_argument("--graceful-timeout", type=float, default=None, help="seconds in-flight requests get on SIGTERM (default: option.graceful_shutdown_timeout)")
     serve.set_defaults(func=cmd_serve)
 
     config = sub.add_parser("config", help="print the resolved configuration and vLLM engine arguments")

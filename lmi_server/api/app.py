@@ -12,6 +12,9 @@ from fastapi import FastAPI, Request
 from lmi_server.adapters import wiring as adapter_wiring
 from lmi_server.api import openai as openai_routes
 from lmi_server.api import sagemaker
+from lmi_server.api.admission import Admission, AdmissionReleaseMiddleware
+from lmi_server.api.lifecycle import engine_watchdog
+from lmi_server.api.openapi import install_openapi
 from lmi_server.api.auth import APIKeyMiddleware, load_api_keys
 from lmi_server.api.errors import install_error_handlers
 from lmi_server.api.sessions import SessionHook, SessionStore
@@ -80,11 +83,13 @@ def create_app(
             owner.start_background()
         adapters_task = asyncio.create_task(adapter_wiring.build_when_ready(app))  # LoRA registry once ready
         sweeper = asyncio.create_task(_sweep_sessions(app.state.session_hook.store, cfg.sessions.sessions_sweep_interval))
+        watchdog = asyncio.create_task(engine_watchdog(app))
         try:
             yield
         finally:
             adapters_task.cancel()
             sweeper.cancel()
+            watchdog.cancel()
             log.info("shutting down: stopping the engine")
             await owner.stop()
             unregister_collector(collector)
@@ -93,6 +98,9 @@ def create_app(
     app.state.config = cfg
     app.state.runtime = runtime
     app.state.engine_owner = owner
+    app.state.admission = Admission(queue_size=cfg.server.job_queue_size, max_wait_s=cfg.server.max_queue_wait)
+    app.state.draining = False
+    app.state.exit_code = 0
     app.state.model_resolver = _base_model_only
     app.state.lmi_model_resolver = _lmi_base_model
     app.state.cache_salter = _client_salt_only
@@ -111,4 +119,6 @@ def create_app(
     app.include_router(openai_routes.router)
     app.include_router(metrics_router)
     adapter_wiring.install(app)  # LoRA adapters: /adapters routes, resolvers, output-formatter middleware
+    install_openapi(app)  # the request bodies the routes read themselves
+    app.add_middleware(AdmissionReleaseMiddleware)
     return app

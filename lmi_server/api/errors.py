@@ -86,6 +86,12 @@ def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | 
         from vllm.exceptions import VLLMClientError, VLLMNotFoundError
     except ImportError:
         return None
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:  # pragma: no cover - moved in another vLLM
+        EngineDeadError = ()  # type: ignore[assignment]
+    if EngineDeadError and isinstance(exc, EngineDeadError):
+        return APIError(503, "the engine has died; this instance is being replaced, retry on another", lmi=lmi)
     if isinstance(exc, VLLMNotFoundError):
         return APIError(404, str(exc), lmi=lmi)
     if isinstance(exc, VLLMClientError):

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from lmi_server.api.admission import TICKET_KEY, Rejected
 from lmi_server.api.errors import APIError, from_vllm_error, from_vllm_exception
 
 
@@ -24,6 +25,24 @@ def engine_state(request: Request):
         reason = state.error or "the model is still loading"
         raise APIError(503, f"engine not ready: {reason}; retry when GET /ping returns 200")
     return state
+
+
+def engine_max_num_seqs(state) -> int | None:
+    config = getattr(state.engine, "vllm_config", None)
+    return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
+
+
+async def admit(request: Request, state, *, lmi: bool = False) -> None:
+    """Take an engine slot (waiting in the bounded queue if need be), or raise 503 + Retry-After in
+    the request's schema. The ticket is released by AdmissionReleaseMiddleware."""
+    admission = request.app.state.admission
+    if admission.slots is None:
+        admission.set_slots(engine_max_num_seqs(state) or 1)
+    try:
+        ticket = await until_disconnect(admission.acquire(), request)
+    except Rejected as exc:
+        raise APIError(503, exc.message, lmi=lmi, headers={"Retry-After": str(exc.retry_after_s)}) from None
+    request.scope.setdefault("state", {})[TICKET_KEY] = ticket
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import as_response, call_serving, engine_state
+from lmi_server.api.generation import admit, as_response, call_serving, engine_state
 
 router = APIRouter()
 
@@ -41,6 +41,7 @@ async def _generate(request: Request, parsed, headers: dict[str, str] | None, cr
     state = engine_state(request)
     await request.app.state.model_resolver(request, parsed)
     request.app.state.cache_salter(request, parsed)
+    await admit(request, state)
     result = await call_serving(create(state.serving)(parsed, request), request)
     return as_response(result, headers, request)
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from lmi_server.api import openai as openai_routes
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import call_serving, engine_state, track_stream
+from lmi_server.api.generation import admit, call_serving, engine_state, track_stream
 from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
 
 router = APIRouter()
@@ -27,6 +27,8 @@ router = APIRouter()
 async def ping(request: Request):
     owner = request.app.state.engine_owner
     state = owner.state
+    if getattr(request.app.state, "draining", False):  # load balancers stop sending; in-flight finish
+        return JSONResponse({"status": "draining", "detail": "shutting down"}, status_code=503)
     if state.healthy:
         degraded = getattr(owner.cache_server, "degraded", None)
         if degraded:  # the engine serves (recomputing KV); the cache tier is being restarted
@@ -96,6 +98,7 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     except Exception as exc:  # noqa: BLE001 - vLLM's own request validators
         raise APIError(424, f"invalid parameters: {exc}", lmi=True) from None
     request.app.state.cache_salter(request, completion_req)
+    await admit(request, state, lmi=True)
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )

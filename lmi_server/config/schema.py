@@ -60,6 +60,24 @@ class ServerOptions(BaseModel):
     model_loading_timeout: int = Field(
         3600, gt=0, description="Seconds the engine may take to start before start-up fails (LMI key)."
     )
+    job_queue_size: int = Field(
+        1000,
+        ge=0,
+        description="Requests that may wait for an engine slot (beyond the max_num_seqs the engine runs at "
+        "once); past it a request gets 503 with Retry-After at once (LMI key and default).",
+    )
+    max_queue_wait: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds a request may wait for an engine slot; one that waited longer is dropped with 503 "
+        "before it is computed. Default: no limit.",
+    )
+    graceful_shutdown_timeout: float = Field(
+        30,
+        ge=0,
+        description="On SIGTERM: seconds in-flight requests and streams get to finish while /ping answers 503 "
+        "and new requests get 503; then the engine and the cache server stop.",
+    )
 
 
 SECTIONS: dict[str, type[BaseModel]] = {
@@ -86,7 +104,6 @@ NOT_APPLICABLE: dict[str, str] = {
     "async_mode": "this server is always asynchronous",
     "entrypoint": "the vLLM handler is built in",
     "mpi_mode": "vLLM manages its own workers",
-    "job_queue_size": "requests queue in the vLLM scheduler",
     "parallel_loading": "vLLM loads the model once",
     "predict_timeout": "no per-request worker timeout; clients set their own",
     "device_map": "vLLM places the model",
@@ -109,10 +126,19 @@ _EXAMPLES = {"int": "4096", "float": "0.9", "bool": "true", "json": '{"key": "va
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
+_LONG_QUOTED = re.compile(r"'([^']{120})[^']{40,}'")
+
+
+def _clip_values(problem: str) -> str:
+    """Quote at most the start of a very long value: an error must name the key, not echo a megabyte."""
+    return _LONG_QUOTED.sub(lambda m: f"'{m.group(1)}...' ({len(m.group(0)) - 2:,} characters)", problem)
+
+
 class ConfigError(ValueError):
     """An invalid configuration; `problems` lists one message per key."""
 
     def __init__(self, problems: list[str]):
+        problems = [_clip_values(p) for p in problems]
         self.problems = problems
         super().__init__("invalid configuration:\n  - " + "\n  - ".join(problems))
 
@@ -198,6 +224,8 @@ def coerce_engine_value(key: str, raw: str, desc: dict[str, Any]) -> Any:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"expected JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
     return text
 
 

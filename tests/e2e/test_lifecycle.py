@@ -1,4 +1,4 @@
-"""Process lifecycle: /ping states, engine death, SIGTERM with a request in flight, no orphans."""
+"""Process lifecycle: /ping states, graceful drain on SIGTERM with open streams, engine death, no orphans."""
 
 from __future__ import annotations
 
@@ -34,7 +34,26 @@ def _shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
-def test_sigterm_lets_in_flight_request_finish_and_leaves_no_process(tmp_path):
+def _stream_tokens(server: ServerProcess, result: dict, max_tokens: int) -> None:
+    """A streaming completion; records the status, chunks received and how the stream ended."""
+    body = {"model": "lmi-demo", "prompt": "import os\n", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    chunks = 0
+    try:
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=120) as r:
+            result["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunks += 1
+                    if '"error"' in line:
+                        result["error_event"] = line
+                elif line == "data: [DONE]":
+                    result["done"] = True
+    except httpx.HTTPError as exc:
+        result["transport_error"] = repr(exc)
+    result["chunks"] = chunks
+
+
+def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(tmp_path):
     shm_before = _shm()
     server = _start(tmp_path)
     try:
@@ -42,27 +61,25 @@ def test_sigterm_lets_in_flight_request_finish_and_leaves_no_process(tmp_path):
         assert 503 in server.ping_history
         children = server.descendants()
         assert children, "the engine runs in child processes"
-        result: dict = {}
-
-        def slow_request():
-            r = httpx.post(
-                server.base_url + "/v1/completions",
-                json={"model": "lmi-demo", "prompt": "import os\n", "max_tokens": 300, "ignore_eos": True},
-                timeout=120,
-            )
-            result["status"], result["body"] = r.status_code, r.json()
-
-        worker = threading.Thread(target=slow_request)
-        worker.start()
-        time.sleep(1.0)
+        results: list[dict] = [{}, {}]
+        workers = [threading.Thread(target=_stream_tokens, args=(server, r, 400)) for r in results]
+        for w in workers:
+            w.start()
+        time.sleep(1.5)
         server.proc.send_signal(signal.SIGTERM)
-        worker.join(120)
-        assert result.get("status") == 200, result
-        assert result["body"]["usage"]["completion_tokens"] == 300
-        # uvicorn re-raises the signal after its graceful shutdown: -SIGTERM is a clean exit.
-        assert server.proc.wait(90) in (0, -signal.SIGTERM)
+        time.sleep(0.5)
+        # Still listening while draining: load balancers see 503, new work is refused with 503.
+        ping = httpx.get(server.base_url + "/ping", timeout=5)
+        assert ping.status_code == 503 and ping.json()["status"] == "draining"
+        refused = httpx.post(server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=30)
+        assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
+        for w in workers:
+            w.join(120)
+        for r in results:  # the open streams ran to their end
+            assert r.get("status") == 200 and r.get("done") and r["chunks"] >= 400 and "error_event" not in r, r
+        assert server.proc.wait(90) == 0
         log = server.log_path.read_text(errors="replace")
-        assert "shutting down: stopping the engine" in log
+        assert "drained: no request in flight" in log and "shutting down: stopping the engine" in log
         assert "Traceback" not in log, server.log_tail()
         deadline = time.monotonic() + 20
         while _alive(children) and time.monotonic() < deadline:
@@ -74,28 +91,38 @@ def test_sigterm_lets_in_flight_request_finish_and_leaves_no_process(tmp_path):
         server.stop()
 
 
-def test_ping_turns_503_when_the_engine_dies(tmp_path):
+def test_engine_death_fails_in_flight_requests_and_exits_non_zero(tmp_path):
     server = _start(tmp_path)
     try:
         server.wait_ready()
-        engine_cores = [p for p in server.descendants() if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
-        assert engine_cores, [p.cmdline() for p in server.descendants()]
+        children = server.descendants()
+        engine_cores = [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+        assert engine_cores, [p.cmdline() for p in children]
+        result: dict = {}
+        worker = threading.Thread(target=_stream_tokens, args=(server, result, 3000))
+        worker.start()
+        time.sleep(1.5)
         for p in engine_cores:
             p.kill()
-        deadline = time.monotonic() + 60
-        status = 200
-        while time.monotonic() < deadline:
-            # A request makes the dead engine visible even before the monitor notices.
-            httpx.post(server.base_url + "/invocations", json={"inputs": "x", "parameters": {"max_new_tokens": 1}}, timeout=30)
-            status = httpx.get(server.base_url + "/ping", timeout=5).status_code
-            if status == 503:
-                break
-            time.sleep(1)
-        assert status == 503
-        r = httpx.post(server.base_url + "/invocations", json={"inputs": "x"}, timeout=30)
-        assert r.status_code == 503, r.text
+        killed_at = time.monotonic()
+        seen_503 = False
+        while time.monotonic() - killed_at < 30 and server.proc.poll() is None:
+            try:
+                if httpx.get(server.base_url + "/ping", timeout=5).status_code == 503:
+                    seen_503 = True
+                    break
+            except httpx.HTTPError:
+                break  # already gone
+            time.sleep(0.5)
+        worker.join(60)
+        assert not worker.is_alive(), "the in-flight stream hangs after the engine died"
+        # The stream ends with an error (an error event, or the connection cut), never with [DONE].
+        assert not result.get("done") and ("error_event" in result or "transport_error" in result or result.get("chunks", 0) < 3000), result
+        code = server.proc.wait(60)
+        assert code == 3, server.log_tail()
+        assert seen_503 or time.monotonic() - killed_at < 30
+        assert "the engine has died" in server.log_path.read_text(errors="replace")
     finally:
-        children = server.descendants()
         server.stop()
         deadline = time.monotonic() + 20
         while _alive(children) and time.monotonic() < deadline:

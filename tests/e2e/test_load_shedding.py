@@ -1,0 +1,99 @@
+"""Load shedding: a bounded queue in front of the engine, answered in each schema's error format.
+
+The server runs one sequence at a time (option.max_rolling_batch_size=1), lets one request wait
+(option.job_queue_size=1) for at most 3 s (option.max_queue_wait=3). One long stream holds the
+engine; the next request waits and is dropped after 3 s; a third, sent while the second waits,
+is refused at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import BASE_PROPS
+from tests.support.server import ServerProcess, server_env, write_properties
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def busy_server(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("shedding")
+    props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "1", "option.max_queue_wait": "3"}
+    write_properties(model_dir, props)
+    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def hold_the_engine(server: ServerProcess, stop: threading.Event, started: threading.Event) -> None:
+    body = {"model": "lmi-demo", "prompt": "def f():\n", "max_tokens": 3500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                started.set()
+            if stop.is_set():
+                return  # closing the stream aborts the generation and frees the slot
+
+
+def metric(server: ServerProcess, name: str, labels: str = "") -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(name + labels + " ") or (not labels and line.startswith(name + " ")):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_full_queue_is_refused_at_once_and_a_long_wait_is_dropped(busy_server):
+    stop, started = threading.Event(), threading.Event()
+    holder = threading.Thread(target=hold_the_engine, args=(busy_server, stop, started))
+    holder.start()
+    try:
+        assert started.wait(60), "the long stream did not start"
+        waited: dict = {}
+
+        def waiter():
+            t0 = time.monotonic()
+            r = httpx.post(busy_server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=60)
+            waited.update(status=r.status_code, body=r.json(), headers=r.headers, seconds=time.monotonic() - t0)
+
+        w = threading.Thread(target=waiter)
+        w.start()
+        time.sleep(0.8)
+        assert metric(busy_server, "lmi_queue_depth") == 1
+
+        # Queue full: refused at once, OpenAI error envelope, Retry-After.
+        t0 = time.monotonic()
+        full = httpx.post(busy_server.base_url + "/v1/chat/completions", json={"model": "lmi-demo", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        assert time.monotonic() - t0 < 2.0
+        assert full.status_code == 503 and int(full.headers["retry-after"]) >= 1
+        assert "job_queue_size=1" in full.json()["error"]["message"]
+        # ... and in LMI's format on /invocations.
+        lmi = httpx.post(busy_server.base_url + "/invocations", json={"inputs": "x", "parameters": {"max_new_tokens": 2}}, timeout=30)
+        assert lmi.status_code == 503 and lmi.json()["code"] == 503 and "job_queue_size" in lmi.json()["error"]
+        assert lmi.headers.get("retry-after")
+
+        w.join(30)
+        assert waited["status"] == 503 and "option.max_queue_wait" in waited["body"]["error"]["message"]
+        assert 2.5 <= waited["seconds"] < 10
+        assert metric(busy_server, "lmi_requests_rejected_total", '{reason="queue_full"}') >= 2
+        assert metric(busy_server, "lmi_requests_rejected_total", '{reason="queue_timeout"}') >= 1
+    finally:
+        stop.set()
+        holder.join(120)
+
+
+def test_slot_comes_back_after_the_holder_leaves(busy_server):
+    deadline = time.monotonic() + 60
+    while metric(busy_server, "lmi_requests_in_engine") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    r = httpx.post(busy_server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert httpx.get(busy_server.base_url + "/ping", timeout=5).status_code == 200
