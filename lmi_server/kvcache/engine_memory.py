@@ -10,9 +10,12 @@ The rule, every step stated in `reasons`:
   usable   = min(free memory of the node vLLM binds to, MemAvailable, cgroup limit - usage)
   headroom = usable - model weights - LMCache CPU tier (when configured) - reserve
              (reserve = max(1 GiB, 10 % of usable): activations, Python, tokenizer, HTTP)
-  KV       = min(half the headroom, the working set max_num_seqs x max_model_len, 32 GiB)
+  KV       = min(half the headroom, the working set max_num_seqs x max_model_len, 4 GiB)
 It must hold one full `max_model_len` sequence, otherwise start-up fails naming the options.
-Half, not all, of the headroom: a node's free memory moves while the server runs.
+Half, not all, of the headroom: a node's free memory moves while the server runs. The 4 GiB
+ceiling is vLLM's former CPU default: every GiB is allocated and zeroed at start-up (about 4 s per
+GiB on the development machine), and a CPU decodes few sequences at once; set
+option.cpu_kv_cache_space for more.
 
 Pure functions over `MemoryFacts`, so unit tests describe any host; `probe_memory()` reads
 this machine (/sys/devices/system/node, /proc/meminfo, cgroup v2 or v1) without importing torch.
@@ -29,7 +32,7 @@ MIB = 1 << 20
 RESERVE_MIN_BYTES = 1 * GIB
 RESERVE_FRACTION = 0.10
 HEADROOM_SHARE = 0.5
-MAX_DEFAULT_BYTES = 32 * GIB
+MAX_DEFAULT_BYTES = 4 * GIB
 ROUND_BYTES = 64 * MIB
 SIZE_OPTIONS = "option.cpu_kv_cache_space (GiB) or option.kv_cache_memory_bytes"
 
@@ -103,7 +106,7 @@ def plan_cpu_kv_cache(
     if bytes_per_token and max_model_len and max_num_seqs:
         working_set = bytes_per_token * max_model_len * max_num_seqs
         limits.append((working_set, f"working set {max_num_seqs} x {max_model_len:,} tokens x {bytes_per_token:,} B"))
-    limits.append((MAX_DEFAULT_BYTES, "default ceiling"))
+    limits.append((MAX_DEFAULT_BYTES, "default ceiling on CPU hosts"))
     kv, why = min(limits)
     kv = max(0, kv // ROUND_BYTES * ROUND_BYTES) or kv
     reasons.append(

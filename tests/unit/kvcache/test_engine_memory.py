@@ -47,6 +47,7 @@ def test_tight_cgroup_wins_over_free_memory():
         mem_available=100 * GIB, mem_total=128 * GIB, node_id=0, node_total=64 * GIB, node_available=60 * GIB,
         cgroup_limit=6 * GIB, cgroup_usage=1 * GIB,
     )
+    assert plan(MemoryFacts(mem_available=100 * GIB, mem_total=128 * GIB)).kv_cache_bytes == MAX_DEFAULT_BYTES
     p = plan(facts)
     assert p.kv_cache_bytes <= (5 * GIB - WEIGHTS - GIB) // 2
     assert "cgroup limit 6.00 GiB" in p.reasons[0]
@@ -68,11 +69,11 @@ def test_big_host_is_capped_by_the_working_set_and_the_ceiling():
 
 
 def test_lmcache_cpu_tier_is_taken_off():
-    facts = MemoryFacts(mem_available=20 * GIB, mem_total=24 * GIB)
+    facts = MemoryFacts(mem_available=10 * GIB, mem_total=24 * GIB)
     without = plan(facts)
-    with_tier = plan(facts, lmcache_cpu_bytes=8 * GIB)
+    with_tier = plan(facts, lmcache_cpu_bytes=4 * GIB)
     assert with_tier.kv_cache_bytes < without.kv_cache_bytes
-    assert "LMCache CPU tier 8.00 GiB" in with_tier.reasons[1]
+    assert "LMCache CPU tier 4.00 GiB" in with_tier.reasons[1]
 
 
 def test_too_little_memory_names_the_options():
