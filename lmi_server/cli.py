@@ -39,7 +39,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from lmi_server.api.app import create_app
-    from lmi_server.api.lifecycle import DrainingServer
+    from lmi_server.api.lifecycle import DrainingServer, exit_after_serving
     from lmi_server.api.auth import load_api_keys, warn_if_unprotected
     from lmi_server.runtime import resolve_runtime
 
@@ -61,7 +61,8 @@ def cmd_serve(args) -> int:
     server = DrainingServer(config, app, drain_timeout_s=drain_s)
     app.state.uvicorn_server = server
     server.run()
-    return int(app.state.exit_code)
+    exit_after_serving(app)
+    return 0  # not reached
 
 
 def cmd_demo_model(args) -> int:

@@ -190,5 +190,7 @@ class EngineOwner:
             await self._stack.aclose()
         finally:
             self.state.status = "stopped"
+            # Nothing keeps the stopped engine alive: its finalizer runs now, not at interpreter exit.
+            self.state.engine = self.state.serving = None
             if self.cache_server is not None:
                 await self.cache_server.stop_async()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from typing import Any
 
 import uvicorn
@@ -52,6 +54,19 @@ class DrainingServer(uvicorn.Server):
         else:
             log.info("drained: no request in flight")
         self.should_exit = True
+
+
+def exit_after_serving(app: Any) -> None:
+    """End the process once uvicorn has stopped and the lifespan has stopped the engine, the cache
+    server and every child: exit code 0 after a drain, ENGINE_DEAD_EXIT_CODE after engine death.
+
+    os._exit skips interpreter teardown, where vLLM's AsyncLLM finalizer would run against
+    half-destroyed modules and print a traceback after a clean shutdown."""
+    code = int(getattr(app.state, "exit_code", 0))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def begin_drain(app: Any) -> None:
