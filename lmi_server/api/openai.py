@@ -36,9 +36,27 @@ def completion_request_type():
     return CompletionRequest
 
 
+def reject_foreign_messages(parsed, state) -> None:
+    """vLLM's chat request type also validates OpenAI-Harmony `Message` objects (author, channel,
+    recipient), which only gpt-oss models render; any other model would fail inside vLLM with a 500."""
+    messages = getattr(parsed, "messages", None) or []
+    foreign = [i for i, m in enumerate(messages) if not isinstance(m, dict)]
+    if not foreign:
+        return
+    hf_config = getattr(getattr(state.engine, "model_config", None), "hf_config", None)
+    if getattr(hf_config, "model_type", None) == "gpt_oss":
+        return
+    raise APIError(
+        400,
+        f"messages[{foreign[0]}]: a Harmony-format message (author/channel/recipient) is only accepted by "
+        "gpt-oss models; send {\"role\": ..., \"content\": ...}",
+    )
+
+
 async def _generate(request: Request, parsed, headers: dict[str, str] | None, create):
     """Resolve the model/adapter, call one of vLLM's serving methods, shape the response."""
     state = engine_state(request)
+    reject_foreign_messages(parsed, state)
     await request.app.state.model_resolver(request, parsed)
     request.app.state.cache_salter(request, parsed)
     await admit(request, state)
