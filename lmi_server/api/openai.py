@@ -36,14 +36,26 @@ def completion_request_type():
     return CompletionRequest
 
 
+TEXT_PART_TYPES = {"text", "input_text", "output_text", "refusal", "thinking"}
+
+
 def reject_foreign_messages(parsed, state) -> None:
-    """vLLM's chat request type also validates OpenAI-Harmony `Message` objects (author, channel,
+    """Image/audio/video parts for a text-only model are a 400 (vLLM raises a ValueError that would be
+    a 500). vLLM's chat request type also validates OpenAI-Harmony `Message` objects (author, channel,
     recipient), which only gpt-oss models render; any other model would fail inside vLLM with a 500."""
     messages = getattr(parsed, "messages", None) or []
+    model_config = getattr(state.engine, "model_config", None)
+    if not getattr(model_config, "is_multimodal_model", False):
+        for i, m in enumerate(messages):
+            content = m.get("content") if isinstance(m, dict) else None
+            for part in content if isinstance(content, list) else []:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind is not None and kind not in TEXT_PART_TYPES:
+                    raise APIError(400, f"messages[{i}]: content of type {kind!r} needs a multimodal model; this model reads text")
     foreign = [i for i, m in enumerate(messages) if not isinstance(m, dict)]
     if not foreign:
         return
-    hf_config = getattr(getattr(state.engine, "model_config", None), "hf_config", None)
+    hf_config = getattr(model_config, "hf_config", None)
     if getattr(hf_config, "model_type", None) == "gpt_oss":
         return
     raise APIError(

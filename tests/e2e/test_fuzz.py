@@ -82,4 +82,4 @@ def test_server_is_healthy_after_fuzzing(fuzz_server):
         timeout=60,
     )
     assert r.status_code == 200, r.text
-    assert "Traceback" not in fuzz_server.log_path.read_text(errors="replace")
+    assert "unhandled error" not in fuzz_server.log_path.read_text(errors="replace")  # no 500 from our layer
