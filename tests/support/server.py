@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from lmi_server import process
 from lmi_server.kvcache.resolve import free_local_port as free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,36 +43,30 @@ class ServerProcess:
         self.ready_after_s: float | None = None
 
     def start(self) -> ServerProcess:
-        self._log = open(self.log_path, "wb")
         argv = self.argv or [
             sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(self.model_dir),
             "--host", "127.0.0.1", "--port", str(self.port),
         ]
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            cwd=REPO,
-            start_new_session=True,
-        )
+        self.proc = process.spawn(argv, env=self.env, log=self.log_path, cwd=REPO)
         return self
+
+    def _ping(self) -> bool:
+        try:
+            code = httpx.get(self.base_url + "/ping", timeout=5).status_code
+        except httpx.HTTPError:
+            return False
+        self.ping_history.append(code)
+        return code == 200
 
     def wait_ready(self, timeout: float = 600) -> ServerProcess:
         start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log:\n{self.log_tail()}")
-            try:
-                code = httpx.get(self.base_url + "/ping", timeout=5).status_code
-                self.ping_history.append(code)
-                if code == 200:
-                    self.ready_after_s = time.monotonic() - start
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"server not ready after {timeout} s; log:\n{self.log_tail()}")
+        outcome = process.wait_ready(self.proc, self._ping, timeout)
+        if outcome == "exited":
+            raise RuntimeError(f"server exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+        if outcome != "ready":
+            raise TimeoutError(f"server not ready after {timeout} s; log:\n{self.log_tail()}")
+        self.ready_after_s = time.monotonic() - start
+        return self
 
     def log_tail(self, lines: int = 60) -> str:
         try:
@@ -87,28 +81,12 @@ class ServerProcess:
             return []
 
     def stop(self, timeout: float = 60) -> int | None:
+        """SIGTERM the server (the whole group when a wrapper such as make is in front of it),
+        SIGKILL after `timeout`; every descendant gets 10 s more, then SIGKILL: never leave
+        anything behind, even when a test failed."""
         if self.proc is None:
             return None
-        children = self.descendants()
-        if self.proc.poll() is None:
-            if self.argv:  # a wrapper (make) in front of the server: signal the whole group
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            else:
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        for child in children:  # never leave anything behind, even when a test failed
-            try:
-                child.wait(10)
-            except psutil.TimeoutExpired:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        self._log.close()
-        return self.proc.returncode
+        return process.stop(self.proc, timeout, term_group=bool(self.argv), leftovers_grace_s=10)
 
 
 def server_env() -> dict[str, str]:
