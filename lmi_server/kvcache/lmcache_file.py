@@ -17,9 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from lmi_server.kvcache.plan import KVCacheConfigError, RemoteTier
 
-# LMCache's in-process cache policies vs the MP server's eviction policies.
-_MP_EVICTION_POLICIES = ("LRU", "ARC")
-
 
 class ExtraConfig(BaseModel):
     """`extra_config:` keys this translation understands."""
