@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,6 +17,17 @@ from lmi_server import process
 from lmi_server.kvcache.resolve import free_local_port as free_port
 
 REPO = Path(__file__).resolve().parents[2]
+
+# The tiny trained demo model on CPU: fast starts for tests and benchmarks.
+DEMO_PROPS = {
+    "option.model_id": "lmi-demo",
+    "engine": "Python",
+    "option.cpu_kv_cache_space": "1",
+    "option.enforce_eager": "true",
+    "option.dtype": "fp32",
+    "option.max_model_len": "4096",
+    "option.max_request_bytes": "200000",
+}
 
 
 def write_properties(model_dir: Path, props: dict[str, str]) -> Path:
@@ -91,3 +104,18 @@ class ServerProcess:
 
 def server_env() -> dict[str, str]:
     return {"PYTHONHASHSEED": "0", "VLLM_LOGGING_LEVEL": "INFO"}
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, props: dict[str, str], **attrs) -> Iterator[ServerProcess]:
+    """Write the properties, start the server, wait until /ping is 200, yield it (with `attrs` set
+    on it), stop it whatever happens."""
+    write_properties(model_dir, props)
+    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
+    for name, value in attrs.items():
+        setattr(proc, name, value)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
