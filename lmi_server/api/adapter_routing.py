@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from model_hosting_container_standards.sagemaker.lora.constants import SageMakerLoRAApiHeader
 
 from lmi_server.adapters.formatters import FormatterContext, FormatterError, Formatters
 from lmi_server.adapters.registry import Lease
 from lmi_server.adapters.transforms import LineFormatter, format_json_body, isolated_cache_salt
 from lmi_server.api.errors import APIError, from_adapter_error, stream_error_event
+from lmi_server.api.standards import SageMakerLoRAApiHeader
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from model_hosting_container_standards.sagemaker.sessions.models import SageMakerSessionHeader, SessionRequest
 from pydantic import ValidationError
 
 from lmi_server.api.errors import APIError, validation_message
+from lmi_server.api.standards import SageMakerSessionHeader, SessionRequest
 
 log = logging.getLogger(__name__)
 
