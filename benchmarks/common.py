@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from lmi_server import process
 from lmi_server.kvcache.resolve import free_local_port as free_port  # noqa: F401  (re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +23,8 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 class Server:
-    """A server process started from argv, waited for on /health or /ping, stopped with SIGTERM."""
+    """A server process (lmi-server or plain vLLM) started from argv, waited for on /health or
+    /ping, stopped with SIGTERM to its group (SIGKILL after 60 s): `lmi_server.process`."""
 
     def __init__(self, name: str, argv: list[str], port: int, health: str, log: Path, env: dict[str, str] | None = None):
         self.name, self.argv, self.port, self.health, self.log = name, argv, port, health, log
@@ -31,32 +33,27 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.start_s: float | None = None
 
-    def __enter__(self) -> "Server":
+    def start(self, timeout: float = 900) -> "Server":
         t0 = time.monotonic()
-        self._log = open(self.log, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO, start_new_session=True)
-        while time.monotonic() - t0 < 900:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: see {self.log}")
-            try:
-                if httpx.get(self.url + self.health, timeout=2).status_code == 200:
-                    self.start_s = time.monotonic() - t0
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(self.name)
+        self.proc = process.spawn(self.argv, env=self.env, log=self.log, cwd=REPO)
+        outcome = process.wait_ready(self.proc, process.http_ok(self.url + self.health, timeout=2), timeout)
+        if outcome == "exited":
+            raise RuntimeError(f"{self.name} exited: see {self.log}")
+        if outcome != "ready":
+            self.stop()
+            raise TimeoutError(f"{self.name} not ready after {timeout:.0f} s; see {self.log}")
+        self.start_s = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            process.stop(self.proc, 60)
+
+    def __enter__(self) -> "Server":
+        return self.start()
 
     def __exit__(self, *exc) -> None:
-        import signal
-
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self._log.close()
+        self.stop()
 
 
 @dataclass
@@ -68,17 +65,22 @@ class RequestResult:
     itl_s: list[float] = field(default_factory=list)
     cached_tokens: int = 0
     error: str = ""
+    prompt_tokens: int = 0
+    chunks: int = 0  # stream chunks that carried text
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
-    """POST a streaming OpenAI completion/chat request; time the first token and each gap."""
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None) -> RequestResult:
+    """POST a streaming OpenAI completion/chat request; time the first token and each gap.
+    The one streaming client of the benchmarks."""
     t0 = time.perf_counter()
     first = last = None
     gaps: list[float] = []
     tokens = 0
     cached = 0
+    prompt_tokens = 0
+    chunks = 0
     try:
-        async with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        async with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers=headers) as r:
             if r.status_code != 200:
                 return RequestResult(False, error=f"{r.status_code}: {(await r.aread())[:200]!r}")
             async for line in r.aiter_lines():
@@ -87,10 +89,12 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> 
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
+                    prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
                     cached = ((chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
                 for choice in chunk.get("choices", []):
                     piece = choice.get("text") or (choice.get("delta") or {}).get("content")
                     if piece:
+                        chunks += 1
                         now = time.perf_counter()
                         if first is None:
                             first = now
@@ -100,7 +104,10 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> 
     except httpx.HTTPError as exc:
         return RequestResult(False, error=repr(exc))
     end = time.perf_counter()
-    return RequestResult(True, ttft_s=(first or end) - t0, latency_s=end - t0, output_tokens=tokens, itl_s=gaps, cached_tokens=cached)
+    return RequestResult(
+        True, ttft_s=(first or end) - t0, latency_s=end - t0, output_tokens=tokens, itl_s=gaps, cached_tokens=cached,
+        prompt_tokens=prompt_tokens, chunks=chunks,
+    )
 
 
 async def run_concurrent(url: str, bodies: list[dict], concurrency: int, timeout: float = 600) -> tuple[list[RequestResult], float]:

@@ -29,16 +29,9 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from tests.support.server import ServerProcess, server_env, write_properties  # noqa: E402
+from tests.support.server import DEMO_PROPS, ServerProcess, server_env, write_properties  # noqa: E402
 
-BASE_PROPS = {
-    "option.model_id": "lmi-demo",
-    "engine": "Python",
-    "option.cpu_kv_cache_space": "1",
-    "option.enforce_eager": "true",
-    "option.dtype": "fp32",
-    "option.max_model_len": "4096",
-}
+BASE_PROPS = {k: v for k, v in DEMO_PROPS.items() if k != "option.max_request_bytes"}
 PROMPTS = ["def main():", "import os\n", "class Parser:", "for i in range(10):", "# read the file\n", "x = []"]
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import sysconfig
@@ -32,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, machine, pct, save  # noqa: E402
+from benchmarks.common import RESULTS, machine, pct, save, stream_completion  # noqa: E402
 from deploy.cluster import Cluster  # noqa: E402
 
 MODEL = "lmi-demo"
@@ -79,28 +78,12 @@ def replica_counters(cluster: Cluster) -> list[dict[str, float]]:
 
 async def stream_request(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> dict:
     """One streaming completion: TTFT, latency and the final usage (prompt and cached tokens)."""
-    t0 = time.perf_counter()
-    first = None
-    usage: dict = {}
-    try:
-        async with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers=headers) as r:
-            if r.status_code != 200:
-                return {"ok": False, "error": f"{r.status_code}: {(await r.aread())[:200]!r}"}
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                if first is None and any(c.get("text") for c in chunk.get("choices", [])):
-                    first = time.perf_counter()
-    except httpx.HTTPError as exc:
-        return {"ok": False, "error": repr(exc)}
-    end = time.perf_counter()
+    r = await stream_completion(client, url, body, headers)
+    if not r.ok:
+        return {"ok": False, "error": r.error}
     return {
-        "ok": True, "error": "", "ttft_s": (first or end) - t0, "latency_s": end - t0,
-        "prompt_tokens": usage.get("prompt_tokens", 0),
-        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+        "ok": True, "error": "", "ttft_s": r.ttft_s, "latency_s": r.latency_s,
+        "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
     }
 
 

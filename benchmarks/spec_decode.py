@@ -22,8 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ sys.path.insert(0, str(REPO))
 KIT = REPO / "lmi_server" / "demo" / "kit"
 
 
-from lmi_server.kvcache.resolve import free_local_port as free_port  # noqa: E402
+from benchmarks.common import Server, free_port, stream_completion  # noqa: E402
 
 
 def spec_config(mode: str, k: int, draft: Path) -> dict | None:
@@ -47,59 +45,34 @@ def spec_config(mode: str, k: int, draft: Path) -> dict | None:
     raise ValueError(mode)
 
 
-class Server:
-    def __init__(self, model: Path, mode: str, k: int, draft: Path, log_dir: Path):
-        self.port = free_port()
-        cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--port", str(self.port), "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager",
-            "--max-model-len", "4096", "--served-model-name", "demo", "--seed", "0",
-        ]
-        sc = spec_config(mode, k, draft)
-        if sc:
-            cmd += ["--speculative-config", json.dumps(sc)]
-        env = dict(os.environ)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"server_{mode}.log"
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=env)
-        self.base = f"http://127.0.0.1:{self.port}"
+def make_server(model: Path, mode: str, k: int, draft: Path, log_dir: Path) -> Server:
+    """Plain vLLM with the speculative config of `mode` (the shared benchmark launcher)."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager",
+        "--max-model-len", "4096", "--served-model-name", "demo", "--seed", "0",
+    ]
+    sc = spec_config(mode, k, draft)
+    if sc:
+        cmd += ["--speculative-config", json.dumps(sc)]
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return Server(f"vllm-{mode}", cmd, port, "/health", log_dir / f"server_{mode}.log", env)
 
-    def wait(self, timeout: float = 300) -> None:
-        import httpx
 
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited; see {self.log_path}")
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"server not ready after {timeout}s; see {self.log_path}")
+def spec_counters(base: str) -> dict[str, float]:
+    import httpx
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def spec_counters(self) -> dict[str, float]:
-        import httpx
-
-        text = httpx.get(self.base + "/metrics", timeout=10).text
-        out: dict[str, float] = {}
-        for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-            m = 0.0
-            for line in text.splitlines():
-                if line.startswith(f"vllm:spec_decode_{name}_total"):
-                    m += float(line.rsplit(" ", 1)[1])
-            out[name] = m
-        return out
+    text = httpx.get(base + "/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        m = 0.0
+        for line in text.splitlines():
+            if line.startswith(f"vllm:spec_decode_{name}_total"):
+                m += float(line.rsplit(" ", 1)[1])
+        out[name] = m
+    return out
 
 
 def build_prompts(tok, n: int, kind: str, prompt_len: int) -> list[list[int]]:
@@ -125,29 +98,14 @@ def build_prompts(tok, n: int, kind: str, prompt_len: int) -> list[list[int]]:
 
 
 async def one_request(client, base: str, prompt: list[int], max_tokens: int) -> dict:
-    body = {
-        "model": "demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }
-    t0 = time.perf_counter()
-    times: list[float] = []
-    chunks_tokens = 0
-    usage_tokens = None
-    async with client.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            d = json.loads(line[6:])
-            if d.get("usage"):
-                usage_tokens = d["usage"]["completion_tokens"]
-            if d.get("choices") and d["choices"][0].get("text"):
-                times.append(time.perf_counter())
-                chunks_tokens += 1
-    n = usage_tokens or chunks_tokens
-    ttft = times[0] - t0 if times else None
-    itl = (times[-1] - times[0]) / (n - 1) if times and n > 1 else None
-    return {"tokens": n, "ttft": ttft, "itl": itl, "latency": time.perf_counter() - t0}
+    body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    r = await stream_completion(client, base + "/v1/completions", body)
+    if not r.ok:
+        raise RuntimeError(r.error)
+    n = r.output_tokens or r.chunks
+    ttft = r.ttft_s if r.chunks else None
+    itl = sum(r.itl_s) / (n - 1) if r.chunks and n > 1 else None
+    return {"tokens": n, "ttft": ttft, "itl": itl, "latency": r.latency_s}
 
 
 async def run_level(base: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
@@ -242,17 +200,17 @@ def main() -> None:
     print(f"server logs: {log_dir}", flush=True)
     for mode in args.modes:
         print(f"== {mode}: starting server", flush=True)
-        srv = Server(args.model, mode, args.num_speculative_tokens, args.draft, log_dir)
+        srv = make_server(args.model, mode, args.num_speculative_tokens, args.draft, log_dir)
         try:
-            srv.wait()
-            asyncio.run(run_level(srv.base, prompts[args.workloads[0]][:1], 1, 8))  # warm-up
+            srv.start(timeout=300)
+            asyncio.run(run_level(srv.url, prompts[args.workloads[0]][:1], 1, 8))  # warm-up
             runs = []
             for wl in args.workloads:
                 for c in args.concurrency:
                     n = args.requests_per_level or max(4, 2 * c)
-                    before = srv.spec_counters()
-                    r = asyncio.run(run_level(srv.base, prompts[wl][:n], c, args.max_tokens))
-                    after = srv.spec_counters()
+                    before = spec_counters(srv.url)
+                    r = asyncio.run(run_level(srv.url, prompts[wl][:n], c, args.max_tokens))
+                    after = spec_counters(srv.url)
                     d = {k: after[k] - before[k] for k in after}
                     r.update(workload=wl, concurrency=c)
                     if d["num_draft_tokens"]:

@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,9 @@ from pathlib import Path
 
 import yaml
 
+from lmi_server import process
 from lmi_server.kvcache.resolve import free_local_port as free_port  # binds 127.0.0.1
+from lmi_server.process import pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
@@ -96,33 +97,6 @@ def redis_dbsize(port: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _start_time(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat: the process start time in clock ticks (identifies a pid)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def pid_alive(pid: int, start: str | None) -> bool:
-    """Whether `pid` still runs the process that had `start` as its start time (not a zombie)."""
-    return _alive(pid, start)
-
-
-def _alive(pid: int, start: str | None) -> bool:
-    now = _start_time(pid)
-    if now is None:
-        return False
-    if start is not None and now != start:
-        return False  # the pid was recycled by another process
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @dataclass
 class Proc:
     """A child process started in its own session, described by STATE_DIR/<name>.pid."""
@@ -137,12 +111,8 @@ class Proc:
     @classmethod
     def spawn(cls, name: str, argv: list[str], port: int, url: str, state_dir: Path, env: dict[str, str] | None = None) -> "Proc":
         log = state_dir / f"{name}.log"
-        with open(log, "ab") as out:
-            popen = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=REPO, env={**os.environ, **(env or {})}, start_new_session=True,
-            )
-        proc = cls(name, popen.pid, _start_time(popen.pid), port, url, str(log))
+        popen = process.spawn(argv, env={**os.environ, **(env or {})}, log=log, cwd=REPO, append=True)
+        proc = cls(name, popen.pid, process.start_time(popen.pid), port, url, str(log))
         proc._popen = popen  # reaped by stop() when we are its parent
         (state_dir / f"{name}.pid").write_text(f"{popen.pid}\n")
         return proc
@@ -152,7 +122,7 @@ class Proc:
         popen = getattr(self, "_popen", None)
         if popen is not None and popen.poll() is not None:
             return False
-        return _alive(self.pid, self.start)
+        return pid_alive(self.pid, self.start)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -161,37 +131,20 @@ class Proc:
             return ""
 
     def signal_group(self, sig: int) -> None:
-        if not _alive(self.pid, self.start):
-            return
-        try:
-            os.killpg(self.pid, sig)  # the session leader's group: the server and its children
-        except ProcessLookupError:
-            pass
+        if pid_alive(self.pid, self.start):
+            process.signal_group(self.pid, sig)  # the session leader's group: the server and its children
 
     def descendants(self) -> list[tuple[int, str | None]]:
         """(pid, start time) of every live descendant, including children that run in their own
         session (lmi-server's LMCache cache server does)."""
-        children: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                children.setdefault(ppid, []).append(int(entry.name))
-        out, todo = [], list(children.get(self.pid, [])) if _alive(self.pid, self.start) else []
-        while todo:
-            pid = todo.pop()
-            out.append((pid, _start_time(pid)))
-            todo.extend(children.get(pid, []))
-        return out
+        return process.descendants(self.pid) if pid_alive(self.pid, self.start) else []
 
     def kill(self) -> None:
         """SIGKILL the server and everything under it at once (a crashed host, for failover tests)."""
         below = self.descendants()
         self.signal_group(signal.SIGKILL)
         self._reap(10)
-        _kill_leftovers(below, grace_s=0)
+        process.kill_leftovers(below, grace_s=0)
 
     def stop(self, grace_s: float = 60) -> None:
         below = self.descendants()
@@ -199,13 +152,13 @@ class Proc:
         if not self._reap(grace_s):
             self.signal_group(signal.SIGKILL)
             self._reap(10)
-        _kill_leftovers(below, grace_s=15)
+        process.kill_leftovers(below, grace_s=15)
         # Group members that outlived the leader (none expected): while one exists, Linux keeps
         # the leader's pid reserved, so the group id still names only our processes.
         for _ in range(50):
             if not self.group_members():
                 break
-            if _start_time(self.pid) not in (None, self.start):
+            if process.start_time(self.pid) not in (None, self.start):
                 break  # pid recycled as a new group leader: not ours
             try:
                 os.killpg(self.pid, signal.SIGKILL)
@@ -231,7 +184,7 @@ class Proc:
         while time.monotonic() < deadline:
             if popen is not None:
                 popen.poll()
-            if not _alive(self.pid, self.start):
+            if not pid_alive(self.pid, self.start):
                 return True
             time.sleep(0.2)
         return False
@@ -240,33 +193,13 @@ class Proc:
         return {k: getattr(self, k) for k in ("name", "pid", "start", "port", "url", "log")}
 
 
-def _kill_leftovers(procs: list[tuple[int, str | None]], grace_s: float) -> None:
-    """Descendants that outlived their parent (orphaned by a SIGKILL): wait a little for their
-    own shutdown, then SIGKILL them, each checked by start time so a recycled pid is left alone."""
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(pid, start) for pid, start in procs):
-        time.sleep(0.2)
-    for pid, start in procs:
-        if _alive(pid, start):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 def _wait_http(proc: Proc, path: str, timeout: float, ok=lambda r: r.status_code == 200) -> float:
-    import httpx
-
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if not proc.alive:
-            raise ClusterError(f"{proc.name} exited while starting; {proc.log}:\n{proc.log_tail()}")
-        try:
-            if ok(httpx.get(proc.url + path, timeout=5)):
-                return time.monotonic() - t0
-        except Exception:  # noqa: BLE001 - connection refused / reset while it boots
-            pass
-        time.sleep(0.5)
+    outcome = process.wait_ready(lambda: proc.alive, process.http_ok(proc.url + path, ok=ok), timeout)
+    if outcome == "ready":
+        return time.monotonic() - t0
+    if outcome == "exited":
+        raise ClusterError(f"{proc.name} exited while starting; {proc.log}:\n{proc.log_tail()}")
     raise ClusterError(f"{proc.name} not ready after {timeout:.0f} s; {proc.log}:\n{proc.log_tail()}")
 
 
@@ -440,7 +373,7 @@ def stop_all(procs: list[Proc], state_dir: Path) -> None:
     for proc in procs:
         proc.stop(grace_s=60)
         (state_dir / f"{proc.name}.pid").unlink(missing_ok=True)
-    _kill_leftovers(below, grace_s=15)
+    process.kill_leftovers(below, grace_s=15)
 
 
 def load_procs(state_dir: Path) -> list[Proc]:

@@ -16,7 +16,7 @@ import os
 import time
 from argparse import Namespace
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from lmi_server.config.schema import ServingConfig
 
@@ -98,6 +98,9 @@ class EngineOwner:
         self._stack = contextlib.AsyncExitStack()
         self._task: asyncio.Task | None = None
         self._orphans: set[asyncio.Future] = set()  # engine builds abandoned by a timeout/cancel
+        # Called once the engine is built, before it is reported ready (state built once, e.g. the
+        # adapter registry); a hook that raises is logged and does not fail the start.
+        self.on_ready: list[Callable[[], None]] = []
 
     def start_background(self) -> asyncio.Task:
         self._task = asyncio.create_task(self._start(), name="engine-start")
@@ -106,6 +109,11 @@ class EngineOwner:
     async def _start(self) -> None:
         try:
             await asyncio.wait_for(self._build(), timeout=self.cfg.server.model_loading_timeout)
+            for hook in self.on_ready:
+                try:
+                    hook()
+                except Exception:  # noqa: BLE001 - the hook's own state reports it
+                    log.exception("engine ready hook failed")
             self.state.status = "ready"
             self.state.ready_after_s = time.monotonic() - self.state.started_at
             log.info("engine ready after %.1f s", self.state.ready_after_s)
@@ -116,9 +124,6 @@ class EngineOwner:
             self.state.status = "failed"
             self.state.error = f"{type(exc).__name__}: {exc}"
             log.exception("engine failed to start")
-            on_failure = getattr(self, "on_failure", None)
-            if on_failure is not None:
-                on_failure(self.state.error)
 
     async def _build(self) -> None:
         from starlette.datastructures import State

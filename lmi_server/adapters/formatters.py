@@ -18,7 +18,8 @@ adapter name, schema ("lmi" | "chat" | "completion"), stream flag, final flag, t
 
 Each script is imported in its own namespace (a unique module name per adapter and load), so two
 adapters' `model.py` never see each other's globals. A script that fails to import makes its
-adapter's registration fail with `FormatterError` (requests for it get 424).
+adapter's registration fail with `FormatterInvalid` (a `FormatterError`; registering it is a
+400, requests for it get 424).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def output_formatter(fn: Callable) -> Callable:
 
 class FormatterError(Exception):
     """A formatter script that cannot be imported, or a formatter that raised."""
+
+
+class FormatterInvalid(FormatterError):
+    """A formatter script that cannot be imported or defines no formatter (at registration)."""
 
 
 @dataclass
@@ -125,7 +130,7 @@ def load_formatters(adapter: str, adapter_dir: Path) -> Formatters:
     name = unique_module_name(adapter, adapter_dir)
     spec = importlib.util.spec_from_file_location(name, script)
     if spec is None or spec.loader is None:
-        raise FormatterError(f"adapter {adapter!r}: cannot import {script}")
+        raise FormatterInvalid(f"adapter {adapter!r}: cannot import {script}")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -134,7 +139,7 @@ def load_formatters(adapter: str, adapter_dir: Path) -> Formatters:
         where = f" (line {last[0].lineno})" if last and last[0].filename == str(script) else ""
         if isinstance(exc, SyntaxError):
             where = f" (line {exc.lineno})"
-        raise FormatterError(f"adapter {adapter!r}: {script.name} failed to import{where}: {type(exc).__name__}: {exc}") from None
+        raise FormatterInvalid(f"adapter {adapter!r}: {script.name} failed to import{where}: {type(exc).__name__}: {exc}") from None
     # Not left in sys.modules: nothing else can import it, and deleting the adapter frees it.
     sys.modules.pop(name, None)
     fin = fout = None
@@ -151,7 +156,7 @@ def load_formatters(adapter: str, adapter_dir: Path) -> Formatters:
     if fout is output_formatter:
         fout = None
     if fin is None and fout is None:
-        raise FormatterError(
+        raise FormatterInvalid(
             f"adapter {adapter!r}: {script.name} defines neither input_formatter nor output_formatter"
         )
     return Formatters(

@@ -13,8 +13,8 @@ Life of an adapter:
   deleted      DELETE: new requests get 404 at once; requests in flight keep their lease and
                finish; the engine copy is removed when the last one ends.
 
-The registry never talks to vLLM directly: a `LoRABackend` does (the vLLM one is below; unit
-tests use a fake), so the LRU and lock logic is testable without an engine.
+The registry never talks to vLLM directly: a `LoRABackend` does (the vLLM one is in
+`vllm_backend.py`; unit tests use a fake), so the LRU and lock logic is testable without an engine.
 """
 
 from __future__ import annotations
@@ -168,7 +168,6 @@ class AdapterRegistry:
         self.failed: dict[str, str] = {}
         self._lru: OrderedDict[str, AdapterEntry] = OrderedDict()  # resident, least recent first
         self._residency = asyncio.Lock()
-        self._draining: set[AdapterEntry] = set()
 
     # ------------------------------------------------------------------ registration (sync, no weights)
 
@@ -362,70 +361,10 @@ class AdapterRegistry:
             # freed now so that the same name can be registered and loaded again meanwhile.
             if entry.handle is not None:
                 self.backend.detach(entry.name, entry.handle)
-            self._draining.add(entry)
             log.info("adapters: %r deleted; %d request(s) in flight finish first", name, entry.in_flight)
         return entry
 
     async def _finish_delete(self, entry: AdapterEntry) -> None:
-        self._draining.discard(entry)
         async with self._residency:
             await self._evict(entry)
         log.info("adapters: %r removed", entry.name)
-
-
-# ---------------------------------------------------------------------- vLLM backend
-
-
-class VLLMBackend:
-    """Loads through vLLM's own serving objects: `load_lora_adapter` builds the LoRARequest and
-    adds it to the engine; eviction removes it from the engine and from the served-model map."""
-
-    def __init__(self, serving_models: Any, engine_client: Any):
-        self.models = serving_models
-        self.engine = engine_client
-
-    def is_base_model(self, name: str) -> bool:
-        return bool(self.models.is_base_model(name))
-
-    def base_names(self) -> list[str]:
-        return [b.name for b in self.models.base_model_paths]
-
-    async def load(self, name: str, path: Path) -> Any:
-        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
-
-        result = await self.models.load_lora_adapter(
-            LoadLoRAAdapterRequest(lora_name=name, lora_path=str(path)), base_model_name=self.base_names()[0]
-        )
-        if type(result).__name__ == "ErrorResponse":
-            raise RuntimeError(result.error.message)
-        return self.models.lora_requests[name]
-
-    def detach(self, name: str, handle: Any) -> None:
-        """Forget the name in vLLM's served-model map (the engine keeps the weights by int id)."""
-        if self.models.lora_requests.get(name) is handle:
-            del self.models.lora_requests[name]
-
-    async def unload(self, name: str, handle: Any) -> None:
-        self.detach(name, handle)
-        await self.engine.remove_lora(handle.lora_int_id)
-
-    async def pin(self, handle: Any) -> None:
-        await self.engine.pin_lora(handle.lora_int_id)
-
-
-def with_adapter_listing(serving_models: Any, registry: AdapterRegistry) -> None:
-    """Make vLLM's `show_available_models` (GET /v1/models) list registered adapters, loaded or not."""
-    from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelPermission
-
-    base_listing = serving_models.registry.show_available_models
-
-    async def show_available_models():
-        models = await base_listing()
-        parent = serving_models.base_model_paths[0].name
-        models.data.extend(
-            ModelCard(id=e.name, root=str(e.spec.path), parent=parent, permission=[ModelPermission()])
-            for e in sorted(registry.adapters.values(), key=lambda e: e.name)
-        )
-        return models
-
-    serving_models.show_available_models = show_available_models

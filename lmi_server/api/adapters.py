@@ -7,7 +7,8 @@
 
 POST takes `name`, `src` (a local directory inside the adapter root), optional `preload` and
 `pin`, as a JSON body or as query parameters (LMI's form). Validation failures are 400 with the
-reason; an unknown name is 404; a name already registered is 409.
+reason; an unknown name is 404; a name already registered is 409 (the adapter package's errors
+are mapped to HTTP in `api/errors.py`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lmi_server.adapters.formatters import FormatterError
-from lmi_server.adapters.registry import AdapterConflict, AdapterNotFound, AdapterUnavailable
-from lmi_server.adapters.validation import AdapterInvalid
-from lmi_server.adapters.wiring import ensure_registry
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
 
@@ -38,7 +35,7 @@ class RegisterAdapter(BaseModel):
 
 
 def _registry(request: Request, *, required: bool):
-    registry = ensure_registry(request.app)
+    registry = request.app.state.adapters.registry()
     if registry is None and required:
         raise APIError(400, "LoRA adapters are disabled; start the server with option.enable_lora=true")
     return registry
@@ -52,18 +49,6 @@ def _check_model(request: Request, model: str | None) -> None:
         raise APIError(404, f"model {model!r} not found; this server serves {names}")
 
 
-def _map(exc: Exception) -> APIError:
-    if isinstance(exc, AdapterNotFound):
-        return APIError(404, str(exc))
-    if isinstance(exc, AdapterConflict):
-        return APIError(409, str(exc))
-    if isinstance(exc, (AdapterInvalid, FormatterError)):
-        return APIError(400, str(exc))
-    if isinstance(exc, AdapterUnavailable):
-        return APIError(424, str(exc))
-    raise exc
-
-
 async def _list(request: Request, model: str | None = None):
     _check_model(request, model)
     registry = _registry(request, required=False)
@@ -75,10 +60,7 @@ async def _list(request: Request, model: str | None = None):
 async def _describe(request: Request, name: str, model: str | None = None):
     _check_model(request, model)
     registry = _registry(request, required=True)
-    try:
-        return JSONResponse(registry.get(name).describe())
-    except (AdapterNotFound, AdapterUnavailable) as exc:
-        raise _map(exc) from None
+    return JSONResponse(registry.get(name).describe())
 
 
 async def _register(request: Request, model: str | None = None):
@@ -94,20 +76,14 @@ async def _register(request: Request, model: str | None = None):
         req = RegisterAdapter.model_validate(raw)
     except ValidationError as exc:
         raise APIError(400, validation_message(exc.errors()) + ' (example: {"name": "my-adapter", "src": "my-adapter"})') from None
-    try:
-        entry = await registry.add(req.name, req.src, preload=req.preload, pin=req.pin)
-    except (AdapterInvalid, FormatterError, AdapterConflict, AdapterUnavailable) as exc:
-        raise _map(exc) from None
+    entry = await registry.add(req.name, req.src, preload=req.preload, pin=req.pin)
     return JSONResponse({"status": f"Adapter {req.name} registered", "adapter": entry.describe()})
 
 
 async def _unregister(request: Request, name: str, model: str | None = None):
     _check_model(request, model)
     registry = _registry(request, required=True)
-    try:
-        entry = await registry.remove(name)
-    except AdapterNotFound as exc:
-        raise _map(exc) from None
+    entry = await registry.remove(name)
     return JSONResponse({"status": f"Adapter {name} unregistered", "in_flight": entry.in_flight if entry else 0})
 
 

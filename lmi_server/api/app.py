@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from lmi_server.adapters import wiring as adapter_wiring
+from lmi_server.api import adapter_wiring
 from lmi_server.api import openai as openai_routes
 from lmi_server.api import sagemaker
 from lmi_server.api.admission import Admission, AdmissionReleaseMiddleware
@@ -81,13 +81,11 @@ def create_app(
         collector = register_lmcache_collector(kv_plan, cache_server)
         if start_engine:
             owner.start_background()
-        adapters_task = asyncio.create_task(adapter_wiring.build_when_ready(app))  # LoRA registry once ready
         sweeper = asyncio.create_task(_sweep_sessions(app.state.session_hook.store, cfg.sessions.sessions_sweep_interval))
         watchdog = asyncio.create_task(engine_watchdog(app))
         try:
             yield
         finally:
-            adapters_task.cancel()
             sweeper.cancel()
             watchdog.cancel()
             log.info("shutting down: stopping the engine")
@@ -118,7 +116,7 @@ def create_app(
     app.include_router(sagemaker.router)
     app.include_router(openai_routes.router)
     app.include_router(metrics_router)
-    adapter_wiring.install(app)  # LoRA adapters: /adapters routes, resolvers, output-formatter middleware
+    adapter_wiring.install(app)  # LoRA adapters: /adapters routes, resolvers, lease middleware; registry once the engine is ready
     install_openapi(app)  # the request bodies the routes read themselves
     app.add_middleware(AdmissionReleaseMiddleware)
     return app

@@ -6,6 +6,7 @@ error envelope; LMI-schema errors use LMI's `{"error": ..., "code": ...}` body.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -14,6 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lmi_server.adapters.formatters import FormatterError, FormatterInvalid
+from lmi_server.adapters.registry import AdapterConflict, AdapterNotFound, AdapterUnavailable
+from lmi_server.adapters.validation import AdapterInvalid
 from lmi_server.redact import redact
 
 log = logging.getLogger(__name__)
@@ -104,10 +108,43 @@ def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | 
     return None
 
 
+ADAPTER_ERRORS = (AdapterNotFound, AdapterConflict, AdapterInvalid, AdapterUnavailable, FormatterError)
+
+
+def from_adapter_error(exc: BaseException, *, lmi: bool = False, param: str | None = None) -> APIError | None:
+    """The adapter package's typed errors -> HTTP: unknown adapter 404, name taken 409, invalid
+    adapter or formatter script 400, adapter that cannot serve or formatter that failed 424."""
+    if isinstance(exc, AdapterNotFound):
+        return APIError(404, str(exc), param=param, lmi=lmi)
+    if isinstance(exc, AdapterConflict):
+        return APIError(409, str(exc), lmi=lmi)
+    if isinstance(exc, (AdapterInvalid, FormatterInvalid)):
+        return APIError(400, str(exc), lmi=lmi)
+    if isinstance(exc, (AdapterUnavailable, FormatterError)):
+        return APIError(424, str(exc), lmi=lmi)
+    return None
+
+
+def stream_error_event(error: APIError, kind: str) -> bytes:
+    """The error that ends a stream already under way, in the stream's own format: an SSE `data:`
+    event (OpenAI schema) or a jsonlines line (LMI schema)."""
+    if kind == "sse":
+        return ("data: " + json.dumps(error.body()) + "\n\n").encode()
+    return (json.dumps(error.body()) + "\n").encode()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def _adapter_error(_: Request, exc: Exception) -> JSONResponse:
+        mapped = from_adapter_error(exc)
+        assert mapped is not None
+        return JSONResponse(mapped.body(), status_code=mapped.status)
+
+    for error_type in ADAPTER_ERRORS:
+        app.add_exception_handler(error_type, _adapter_error)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from lmi_server.api.adapter_routing import STREAMS_KEY, format_json, format_stream
 from lmi_server.api.admission import TICKET_KEY, Rejected
 from lmi_server.api.errors import APIError, from_vllm_error, from_vllm_exception
 
@@ -93,15 +94,15 @@ def is_stream(result: Any) -> bool:
 
 
 def track_stream(request: Request, gen: Any) -> Any:
-    """Record a response generator (innermost first) so that middleware that must end the
-    response early (a failing output formatter) can close it, which aborts the engine request."""
-    request.scope.setdefault("state", {}).setdefault("lmi_streams", []).append(gen)
+    """Record a response generator (innermost first) so that a response ended early (a failing
+    output formatter) can close it, which aborts the engine request."""
+    request.scope.setdefault("state", {}).setdefault(STREAMS_KEY, []).append(gen)
     return gen
 
 
-def as_response(result: Any, headers: dict[str, str] | None = None, request: Request | None = None):
+async def as_response(result: Any, request: Request, headers: dict[str, str] | None = None):
+    """vLLM's result as a response, with the adapter's output formatter (if any) applied."""
     if is_stream(result):
-        if request is not None:
-            track_stream(request, result)
-        return StreamingResponse(result, media_type="text/event-stream", headers=headers)
-    return JSONResponse(result.model_dump(exclude_none=False), headers=headers)
+        track_stream(request, result)
+        return StreamingResponse(await format_stream(request, result, "sse"), media_type="text/event-stream", headers=headers)
+    return JSONResponse(format_json(request, result.model_dump(exclude_none=False)), headers=headers)

@@ -73,7 +73,7 @@ async def _generate(request: Request, parsed, headers: dict[str, str] | None, cr
     request.app.state.cache_salter(request, parsed)
     await admit(request, state)
     result = await call_serving(create(state.serving)(parsed, request), request)
-    return as_response(result, headers, request)
+    return await as_response(result, request, headers)
 
 
 async def chat_completion(request: Request, parsed, headers: dict[str, str] | None = None):

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from lmi_server.api import openai as openai_routes
+from lmi_server.api.adapter_routing import format_json, format_stream
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
 from lmi_server.api.generation import admit, call_serving, engine_state, track_stream
@@ -105,5 +106,5 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     if req.stream:
         track_stream(request, result)
         lines = track_stream(request, stream_jsonlines(req, result))
-        return StreamingResponse(lines, media_type="application/jsonlines", headers=headers)
-    return JSONResponse(format_response(req, result.model_dump()), headers=headers)
+        return StreamingResponse(await format_stream(request, lines, "jsonl"), media_type="application/jsonlines", headers=headers)
+    return JSONResponse(format_json(request, format_response(req, result.model_dump())), headers=headers)

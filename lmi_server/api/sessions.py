@@ -36,12 +36,13 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from lmi_server.api.errors import APIError, validation_message
+from lmi_server.api.standards import SageMakerSessionHeader, SessionRequest
 
 log = logging.getLogger(__name__)
 
-SESSION_HEADER = "X-Amzn-SageMaker-Session-Id"
-NEW_SESSION_HEADER = "X-Amzn-SageMaker-New-Session-Id"
-CLOSED_SESSION_HEADER = "X-Amzn-SageMaker-Closed-Session-Id"
+SESSION_HEADER = SageMakerSessionHeader.SESSION_ID
+NEW_SESSION_HEADER = SageMakerSessionHeader.NEW_SESSION_ID
+CLOSED_SESSION_HEADER = SageMakerSessionHeader.CLOSED_SESSION_ID
 _ID = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
 
 
@@ -168,8 +169,6 @@ class SessionStore:
 
 def validate_session_request(body: dict[str, Any]) -> None:
     """SageMaker's session request model: `{"requestType": "NEW_SESSION" | "CLOSE"}`, nothing else."""
-    from model_hosting_container_standards.sagemaker.sessions.models import SessionRequest
-
     try:
         SessionRequest.model_validate(body)
     except ValidationError as exc:

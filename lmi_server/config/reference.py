@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from lmi_server.config.schema import LMI_ALIASES, NOT_APPLICABLE, SECTIONS, vllm_frontend_arg_table, vllm_frontend_excluded
+from lmi_server.config.options import SECTIONS
+from lmi_server.config.schema import LMI_ALIASES, NOT_APPLICABLE, vllm_frontend_arg_table, vllm_frontend_excluded
 
 
 def _type_name(annotation) -> str:

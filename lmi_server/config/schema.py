@@ -17,13 +17,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lmi_server.adapters.options import AdapterOptions
 from lmi_server.config import host
-from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.config.options import (
+    SECTIONS,
+    AdapterOptions,
+    LMCacheOptions,
+    SecurityOptions,
+    ServerOptions,
+    SessionOptions,
+    SpeculativeOptions,
+)
 from lmi_server.redact import mask_value
-from lmi_server.security_options import SecurityOptions
-from lmi_server.sessions_options import SessionOptions
-from lmi_server.speculative_options import SpeculativeOptions
 
 DEFAULT_MODEL_DIR = Path("/opt/ml/model")
 DEMO_SERVED_NAME = "lmi-demo"
@@ -31,63 +35,6 @@ ASSISTANT_SERVED_NAME = "smollm2-135m-instruct"
 # Models that ship with the server, by the name `option.model_id` gives them.
 BUILTIN_MODELS = {ASSISTANT_SERVED_NAME: "assistant", DEMO_SERVED_NAME: "demo"}
 
-
-class ServerOptions(BaseModel):
-    """Keys about the model source and the HTTP layer."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model_id: str | None = Field(
-        None,
-        description="Local model directory (absolute or relative to the model directory) or a "
-        "Hugging Face hub id, or a built-in model: `smollm2-135m-instruct` (the default assistant) or "
-        "`lmi-demo` (the tiny trained demo model, for fast tests). Default: the model directory itself "
-        "when it holds config.json, else smollm2-135m-instruct.",
-    )
-    served_model_name: str | None = Field(
-        None,
-        description="Name(s) clients use in the OpenAI `model` field, comma-separated. Default: "
-        "the hub id, or the model directory's name.",
-    )
-    max_request_bytes: int = Field(
-        8 * 1024 * 1024, gt=0, description="Largest accepted request body; larger bodies get 413."
-    )
-    cpu_kv_cache_space: int | None = Field(
-        None,
-        ge=1,
-        description="CPU backend only: the engine's KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE).",
-    )
-    model_loading_timeout: int = Field(
-        3600, gt=0, description="Seconds the engine may take to start before start-up fails (LMI key)."
-    )
-    job_queue_size: int = Field(
-        1000,
-        ge=0,
-        description="Requests that may wait for an engine slot (beyond the max_num_seqs the engine runs at "
-        "once); past it a request gets 503 with Retry-After at once (LMI key and default).",
-    )
-    max_queue_wait: float | None = Field(
-        None,
-        gt=0,
-        description="Seconds a request may wait for an engine slot; one that waited longer is dropped with 503 "
-        "before it is computed. Default: no limit.",
-    )
-    graceful_shutdown_timeout: float = Field(
-        30,
-        ge=0,
-        description="On SIGTERM: seconds in-flight requests and streams get to finish while /ping answers 503 "
-        "and new requests get 503; then the engine and the cache server stop.",
-    )
-
-
-SECTIONS: dict[str, type[BaseModel]] = {
-    "server": ServerOptions,
-    "lmcache": LMCacheOptions,
-    "speculative": SpeculativeOptions,
-    "adapters": AdapterOptions,
-    "sessions": SessionOptions,
-    "security": SecurityOptions,
-}
 
 # LMI name -> vLLM engine-argument name.
 LMI_ALIASES: dict[str, str] = {
@@ -262,9 +209,6 @@ class ServingConfig(BaseModel):
     not_applicable: dict[str, str] = Field(default_factory=dict)
     overridden_by_file: list[str] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return json.loads(self.model_dump_json())
 
 
 def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) -> ResolvedModel:

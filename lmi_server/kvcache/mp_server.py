@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from lmi_server import process
+
 log = logging.getLogger(__name__)
 server_log = logging.getLogger("lmi_server.lmcache_server")
 
@@ -198,15 +200,7 @@ class MPServerSupervisor:
             pass_fds = (read_end,)
         log.info("starting LMCache MP server: %s", " ".join(argv))
         try:
-            self._proc = subprocess.Popen(
-                argv,
-                env=self._env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: one signal reaches all of it
-                pass_fds=pass_fds,
-            )
+            self._proc = process.spawn(argv, env=self._env, log=subprocess.PIPE, pass_fds=pass_fds)
         finally:
             for fd in pass_fds:
                 os.close(fd)
@@ -224,19 +218,20 @@ class MPServerSupervisor:
         self._spawn()
         proc = self._proc
         assert proc is not None
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise MPServerError(
-                    f"LMCache MP server exited with code {proc.returncode} during start-up:\n{self.log_tail()}"
-                )
-            if self._stopping.is_set():
-                raise MPServerError("stopped while the LMCache MP server was starting")
-            if self._probe(self._host, self._port):
-                self._shm_used |= shm_segments_used_by(proc.pid)
-                log.info("LMCache MP server ready on %s:%d (pid %d)", self._host, self._port, proc.pid)
-                return
-            time.sleep(self.poll_interval_s)
+        outcome = process.wait_ready(
+            proc, lambda: self._probe(self._host, self._port), self.ready_timeout_s,
+            interval=self.poll_interval_s, abort=self._stopping.is_set,
+        )
+        if outcome == "exited":
+            raise MPServerError(
+                f"LMCache MP server exited with code {proc.returncode} during start-up:\n{self.log_tail()}"
+            )
+        if outcome == "aborted":
+            raise MPServerError("stopped while the LMCache MP server was starting")
+        if outcome == "ready":
+            self._shm_used |= shm_segments_used_by(proc.pid)
+            log.info("LMCache MP server ready on %s:%d (pid %d)", self._host, self._port, proc.pid)
+            return
         self._terminate(proc)
         raise MPServerError(
             f"LMCache MP server did not answer on {self._host}:{self._port} within {self.ready_timeout_s:.0f} s:\n"
@@ -284,7 +279,7 @@ class MPServerSupervisor:
                 if self._stopping.is_set():
                     return
                 try:
-                    self._killpg(proc, signal.SIGKILL)  # leftovers of the dead server's group
+                    process.signal_group(proc.pid, signal.SIGKILL)  # leftovers of the dead server's group
                     self._spawn_and_wait()
                     backoff = 1.0
                     self.failed = False
@@ -329,24 +324,13 @@ class MPServerSupervisor:
     async def stop_async(self) -> None:
         await asyncio.to_thread(self.stop)
 
-    @staticmethod
-    def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            self._killpg(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                log.warning("LMCache MP server ignored SIGTERM for %.0f s; sending SIGKILL", self.stop_timeout_s)
-                self._killpg(proc, signal.SIGKILL)
-                proc.wait(timeout=10)
-        # The leader is gone; make sure nothing else of its group survives.
-        self._killpg(proc, signal.SIGKILL)
+        process.stop(
+            proc, self.stop_timeout_s, leftovers_grace_s=0,
+            on_kill=lambda: log.warning(
+                "LMCache MP server ignored SIGTERM for %.0f s; sending SIGKILL", self.stop_timeout_s
+            ),
+        )
 
     def _remove_new_shm_segments(self) -> None:
         """Remove the /dev/shm segments this instance's server created: its `--shm-name` and the

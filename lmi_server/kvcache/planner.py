@@ -37,7 +37,7 @@ from lmi_server.kvcache.lmcache import (
     require_gpu_for_inprocess,
     transfer_mode_for,
 )
-from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.config.options import LMCacheOptions
 from lmi_server.kvcache.plan import CacheTiers, DiskTier, KVCacheConfigError, KVCachePlan, Platform
 
 DEFAULT_CHUNK_SIZE = 256

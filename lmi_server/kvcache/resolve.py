@@ -13,7 +13,7 @@ from typing import Any
 
 from lmi_server.kvcache.host import HostFacts
 from lmi_server.kvcache.lmcache import plan_from_config_file, process_env
-from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.config.options import LMCacheOptions
 from lmi_server.kvcache.plan import KVCacheConfigError, KVCachePlan
 from lmi_server.kvcache.planner import EngineFacts, plan_auto
 

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.server import ServerProcess, server_env, write_properties
+from tests.support.server import DEMO_PROPS, running_server
 
 BASE_PROPS = {
-    "option.model_id": "lmi-demo",  # the tiny trained demo model: fast starts for tests
-    "engine": "Python",
-    "option.cpu_kv_cache_space": "1",
-    "option.enforce_eager": "true",
-    "option.dtype": "fp32",
-    "option.max_model_len": "4096",
-    "option.max_request_bytes": "200000",
+    **DEMO_PROPS,  # the tiny trained demo model: fast starts for tests
     # vLLM's tool-calling front-end options as option.* keys (tests/e2e/test_tools.py). The pythonic
     # parser lets vLLM force a named/required call's JSON with structured output (vLLM 0.32's hermes
     # parser leaves that to the model); compact JSON keeps a tiny model from looping on whitespace.
@@ -25,14 +19,8 @@ BASE_PROPS = {
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("model-dir")
-    write_properties(model_dir, BASE_PROPS)
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
-    try:
-        proc.wait_ready()
+    with running_server(tmp_path_factory.mktemp("model-dir"), BASE_PROPS) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="session")

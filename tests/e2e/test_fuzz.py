@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 
 from tests.e2e.conftest import BASE_PROPS
-from tests.support.server import REPO, ServerProcess, server_env, write_properties
+from tests.support.server import REPO, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -37,13 +37,8 @@ def fuzz_server(tmp_path_factory):
         "option.max_lora_rank": "8",
         "option.max_rolling_batch_size": "16",
     }
-    write_properties(model_dir, props)
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
-    try:
-        proc.wait_ready()
+    with running_server(model_dir, props) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_no_route_answers_5xx(fuzz_server):

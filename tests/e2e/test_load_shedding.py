@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import BASE_PROPS
-from tests.support.server import ServerProcess, server_env, write_properties
+from tests.support.server import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -24,13 +24,8 @@ pytestmark = pytest.mark.e2e
 def busy_server(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("shedding")
     props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "1", "option.max_queue_wait": "3"}
-    write_properties(model_dir, props)
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
-    try:
-        proc.wait_ready()
+    with running_server(model_dir, props) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def hold_the_engine(server: ServerProcess, stop: threading.Event, started: threading.Event) -> None:

@@ -16,17 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.server import REPO, ServerProcess, server_env, write_properties
+from tests.support.server import DEMO_PROPS, REPO, running_server
 
-BASE_PROPS = {  # tests/e2e/conftest.py's BASE_PROPS (kept in step by hand; conftest is not importable)
-    "option.model_id": "lmi-demo",
-    "engine": "Python",
-    "option.cpu_kv_cache_space": "1",
-    "option.enforce_eager": "true",
-    "option.dtype": "fp32",
-    "option.max_model_len": "4096",
-    "option.max_request_bytes": "200000",
-}
+BASE_PROPS = DEMO_PROPS
 HELLO = 'print("hello world")'
 SHOUT = "RAISE NOTIMPLEMENTEDERROR"
 HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
@@ -78,14 +70,8 @@ def lora(tmp_path_factory):
         "option.max_lora_rank": "8",
         "option.adapters_path": str(root),
     }
-    write_properties(model_dir, props)
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
-    proc.adapter_root = root
-    try:
-        proc.wait_ready()
+    with running_server(model_dir, props, adapter_root=root) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def post(server, path, body=None, headers=None, timeout=120, params=None):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.conftest import BASE_PROPS
 from tests.e2e.test_api import metric_value
-from tests.support.server import ServerProcess, server_env, write_properties
+from tests.support.server import running_server
 
 PROMPTS = [
     "def read_lines(path):\n    ",
@@ -25,13 +25,9 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def eagle_server(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("eagle-model")
-    write_properties(model_dir, {**BASE_PROPS, "option.speculative_method": "eagle", "option.num_speculative_tokens": "3"})
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
-    try:
-        proc.wait_ready()
+    props = {**BASE_PROPS, "option.speculative_method": "eagle", "option.num_speculative_tokens": "3"}
+    with running_server(model_dir, props) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def greedy(server, prompt: str, n: int = 48) -> dict:

@@ -12,7 +12,7 @@ import pytest
 
 from lmi_server.kvcache.host import probe_host
 from lmi_server.kvcache.mp_server import probe_mp_server, shm_segments_used_by, supervisor_for_plan
-from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.config.options import LMCacheOptions
 from lmi_server.kvcache.resolve import build_kvcache_plan
 from lmi_server.kvcache.stats import read_lmcache_stats
 

@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psutil
 
+from lmi_server import process
 from lmi_server.kvcache.resolve import free_local_port as free_port
 
 REPO = Path(__file__).resolve().parents[2]
+
+# The tiny trained demo model on CPU: fast starts for tests and benchmarks.
+DEMO_PROPS = {
+    "option.model_id": "lmi-demo",
+    "engine": "Python",
+    "option.cpu_kv_cache_space": "1",
+    "option.enforce_eager": "true",
+    "option.dtype": "fp32",
+    "option.max_model_len": "4096",
+    "option.max_request_bytes": "200000",
+}
 
 
 def write_properties(model_dir: Path, props: dict[str, str]) -> Path:
@@ -43,36 +56,30 @@ class ServerProcess:
         self.ready_after_s: float | None = None
 
     def start(self) -> ServerProcess:
-        self._log = open(self.log_path, "wb")
         argv = self.argv or [
             sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(self.model_dir),
             "--host", "127.0.0.1", "--port", str(self.port),
         ]
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            cwd=REPO,
-            start_new_session=True,
-        )
+        self.proc = process.spawn(argv, env=self.env, log=self.log_path, cwd=REPO)
         return self
+
+    def _ping(self) -> bool:
+        try:
+            code = httpx.get(self.base_url + "/ping", timeout=5).status_code
+        except httpx.HTTPError:
+            return False
+        self.ping_history.append(code)
+        return code == 200
 
     def wait_ready(self, timeout: float = 600) -> ServerProcess:
         start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log:\n{self.log_tail()}")
-            try:
-                code = httpx.get(self.base_url + "/ping", timeout=5).status_code
-                self.ping_history.append(code)
-                if code == 200:
-                    self.ready_after_s = time.monotonic() - start
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"server not ready after {timeout} s; log:\n{self.log_tail()}")
+        outcome = process.wait_ready(self.proc, self._ping, timeout)
+        if outcome == "exited":
+            raise RuntimeError(f"server exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+        if outcome != "ready":
+            raise TimeoutError(f"server not ready after {timeout} s; log:\n{self.log_tail()}")
+        self.ready_after_s = time.monotonic() - start
+        return self
 
     def log_tail(self, lines: int = 60) -> str:
         try:
@@ -87,29 +94,28 @@ class ServerProcess:
             return []
 
     def stop(self, timeout: float = 60) -> int | None:
+        """SIGTERM the server (the whole group when a wrapper such as make is in front of it),
+        SIGKILL after `timeout`; every descendant gets 10 s more, then SIGKILL: never leave
+        anything behind, even when a test failed."""
         if self.proc is None:
             return None
-        children = self.descendants()
-        if self.proc.poll() is None:
-            if self.argv:  # a wrapper (make) in front of the server: signal the whole group
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            else:
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        for child in children:  # never leave anything behind, even when a test failed
-            try:
-                child.wait(10)
-            except psutil.TimeoutExpired:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        self._log.close()
-        return self.proc.returncode
+        return process.stop(self.proc, timeout, term_group=bool(self.argv), leftovers_grace_s=10)
 
 
 def server_env() -> dict[str, str]:
     return {"PYTHONHASHSEED": "0", "VLLM_LOGGING_LEVEL": "INFO"}
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, props: dict[str, str], **attrs) -> Iterator[ServerProcess]:
+    """Write the properties, start the server, wait until /ping is 200, yield it (with `attrs` set
+    on it), stop it whatever happens."""
+    write_properties(model_dir, props)
+    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
+    for name, value in attrs.items():
+        setattr(proc, name, value)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 
 from lmi_server.api.auth import APIKeyMiddleware, load_api_keys, warn_if_unprotected
 from lmi_server.config.schema import ConfigError, build_serving_config
-from lmi_server.security_options import SecurityOptions
+from lmi_server.config.options import SecurityOptions
 
 K1, K2 = "key-one-0123456789", "key-two-9876543210"
 

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from lmi_server.kvcache.host import GIB, HostFacts, GPUInfo
-from lmi_server.kvcache.lmcache import load_lmcache_config, parse_lmcache_config, plan_from_config_file
-from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.kvcache.lmcache import plan_from_config_file
+from lmi_server.kvcache.lmcache_file import load_lmcache_config, parse_lmcache_config
+from lmi_server.config.options import LMCacheOptions
 from lmi_server.kvcache.plan import KVCacheConfigError
 from lmi_server.kvcache.resolve import build_kvcache_plan
 

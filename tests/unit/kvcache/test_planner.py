@@ -15,7 +15,7 @@ from tests.unit.kvcache.kv_model_configs import DEEPSEEK_V2_LITE, LLAMA31_8B, QW
 
 from lmi_server.kvcache.footprint import kv_footprint
 from lmi_server.kvcache.host import GIB, DiskInfo, GPUInfo, HostFacts
-from lmi_server.kvcache.options import LMCacheOptions
+from lmi_server.config.options import LMCacheOptions
 from lmi_server.kvcache.plan import KVCacheConfigError
 from lmi_server.kvcache.planner import EngineFacts, engine_kv_capacity, lmi_tier_budget, plan_auto
 

@@ -1,0 +1,106 @@
+"""Wiring the adapter registry into the app, from the one wiring point (`create_app`): routes,
+resolvers and the lease middleware are installed there (`install`), and the registry is built
+once, when the engine becomes ready (an `EngineOwner.on_ready` hook, so no request sees a ready
+engine without its registry). Routers read it from `app.state.adapters`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+from lmi_server.adapters.registry import AdapterRegistry
+from lmi_server.adapters.validation import base_model_info
+from lmi_server.adapters.vllm_backend import VLLMBackend, with_adapter_listing
+from lmi_server.api import adapters as adapter_routes
+from lmi_server.api.adapter_routing import (
+    AdapterLeaseMiddleware,
+    apply_cache_salt,
+    lmi_model_resolver,
+    openai_model_resolver,
+)
+from lmi_server.api.errors import APIError
+
+log = logging.getLogger(__name__)
+
+
+def lora_enabled(cfg: Any) -> bool:
+    return bool(cfg.engine_args.get("enable_lora"))
+
+
+def adapters_root(cfg: Any) -> Path:
+    """option.adapters_path (relative to the model directory), else `adapters/` in the model directory."""
+    path = cfg.adapters.adapters_path
+    if path is None:
+        return Path(cfg.model_dir) / "adapters"
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else Path(cfg.model_dir) / path
+
+
+def registry_capacity(engine_args: dict[str, Any]) -> int:
+    """Adapters vLLM keeps loaded: max_cpu_loras, which defaults to max_loras (default 1)."""
+    max_loras = engine_args.get("max_loras") or 1
+    return int(engine_args.get("max_cpu_loras") or max_loras)
+
+
+def build_registry(cfg: Any, owner: Any):
+    state = owner.state
+    models = state.serving.openai_serving_models
+    backend = VLLMBackend(models, state.engine)
+    engine_args = owner.engine_args
+    registry = AdapterRegistry(
+        backend,
+        root=adapters_root(cfg),
+        max_rank=int(engine_args.get("max_lora_rank") or 16),
+        capacity=registry_capacity(engine_args),
+        base=base_model_info(str(engine_args.get("model")), backend.base_names()),
+    )
+    registry.discover()
+    with_adapter_listing(models, registry)
+    return registry
+
+
+class AdapterState:
+    """The app's adapter registry: None while the engine starts, and always when LoRA is off."""
+
+    def __init__(self, cfg: Any, owner: Any):
+        self.cfg = cfg
+        self.owner = owner
+        self.enabled = lora_enabled(cfg)
+        self._registry = None
+        self._error: str | None = None
+
+    def build(self) -> None:
+        """Engine-ready hook: discover the adapters (logs at start-up)."""
+        if not self.enabled:
+            return
+        try:
+            self._registry = build_registry(self.cfg, self.owner)
+        except Exception as exc:  # noqa: BLE001 - requests get 503 with the reason
+            self._error = f"{type(exc).__name__}: {exc}"
+            log.exception("adapters: building the registry failed")
+
+    def registry(self):
+        """The registry; None when LoRA is off; 503 while the engine is not ready."""
+        if not self.enabled or self._registry is not None:
+            return self._registry
+        state = self.owner.state
+        if not state.healthy:
+            raise APIError(503, f"engine not ready: {state.error or 'the model is still loading'}; retry when GET /ping returns 200")
+        raise APIError(503, f"adapter registry unavailable: {self._error or 'not built yet'}")
+
+
+def install(app: FastAPI) -> None:
+    """Adapter routes, resolvers and lease middleware. Resolvers only when option.enable_lora=true."""
+    adapters = AdapterState(app.state.config, app.state.engine_owner)
+    app.state.adapters = adapters
+    app.state.engine_owner.on_ready.append(adapters.build)
+    if adapters.enabled:
+        app.state.model_resolver = openai_model_resolver
+        app.state.lmi_model_resolver = lmi_model_resolver
+        app.state.cache_salter = apply_cache_salt  # KV reuse isolated per adapter and weights
+    app.add_middleware(AdapterLeaseMiddleware)
+    app.include_router(adapter_routes.router)

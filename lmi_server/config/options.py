@@ -1,0 +1,202 @@
+"""Every `option.*` section that is ours, in one place and one form: a frozen pydantic model per
+section whose field names are the option keys (without `option.`), with type, default and
+description. `SECTIONS` lists them; `lmi-server options` prints the README's table from it.
+vLLM's own engine arguments are not here: they come from `vllm_engine_args.json`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+
+class ServerOptions(BaseModel):
+    """Keys about the model source and the HTTP layer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_id: str | None = Field(
+        None,
+        description="Local model directory (absolute or relative to the model directory) or a "
+        "Hugging Face hub id, or a built-in model: `smollm2-135m-instruct` (the default assistant) or "
+        "`lmi-demo` (the tiny trained demo model, for fast tests). Default: the model directory itself "
+        "when it holds config.json, else smollm2-135m-instruct.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="Name(s) clients use in the OpenAI `model` field, comma-separated. Default: "
+        "the hub id, or the model directory's name.",
+    )
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Largest accepted request body; larger bodies get 413."
+    )
+    cpu_kv_cache_space: int | None = Field(
+        None,
+        ge=1,
+        description="CPU backend only: the engine's KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE).",
+    )
+    model_loading_timeout: int = Field(
+        3600, gt=0, description="Seconds the engine may take to start before start-up fails (LMI key)."
+    )
+    job_queue_size: int = Field(
+        1000,
+        ge=0,
+        description="Requests that may wait for an engine slot (beyond the max_num_seqs the engine runs at "
+        "once); past it a request gets 503 with Retry-After at once (LMI key and default).",
+    )
+    max_queue_wait: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds a request may wait for an engine slot; one that waited longer is dropped with 503 "
+        "before it is computed. Default: no limit.",
+    )
+    graceful_shutdown_timeout: float = Field(
+        30,
+        ge=0,
+        description="On SIGTERM: seconds in-flight requests and streams get to finish while /ping answers 503 "
+        "and new requests get 503; then the engine and the cache server stop.",
+    )
+
+
+class LMCacheOptions(BaseModel):
+    """The `option.lmcache_*` keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lmcache_config_file: Path | None = Field(
+        None,
+        description="LMCache YAML file (LMCache's own keys). Relative paths resolve against the model directory.",
+    )
+    lmcache_auto_config: bool = Field(
+        False, description="Plan LMCache tiers from the host and the model (see `lmi-server config`)."
+    )
+    lmcache_mode: Literal["mp", "inprocess", "auto"] = Field(
+        "auto",
+        description="mp: LMCache's multiprocess cache server (works on CPU and GPU); inprocess: "
+        "LMCacheConnectorV1 inside the engine (GPU only); auto: mp.",
+    )
+    lmcache_expected_context_tokens: int | None = Field(
+        None, gt=0, description="Working set in tokens for the auto plan (default max_num_seqs x max_model_len)."
+    )
+    lmcache_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="TCP port of the LMCache MP server's request socket (ZMQ). Default: a free local port.",
+    )
+    lmcache_metrics_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="Port of the MP server's own Prometheus /metrics (LMCache hits, bytes per tier). "
+        "Default: a free local port (LMCache's own default, 9090, often clashes with Prometheus).",
+    )
+    lmcache_cache_dir: Path | None = Field(
+        None,
+        description="Directory for the auto plan's disk tier (local NVMe, e.g. /mnt/nvme/lmcache). "
+        "Unset: the auto plan has no disk tier.",
+    )
+    lmcache_cpu_size_gb: float | None = Field(
+        None, gt=0, description="Auto plan: CPU (L1) tier size in GiB instead of the computed one."
+    )
+    lmcache_disk_size_gb: float | None = Field(
+        None, gt=0, description="Auto plan: disk tier size in GiB instead of the computed one."
+    )
+    lmcache_odirect: bool = Field(
+        True, description="Auto plan: O_DIRECT for the disk tier (falls back with a warning where refused)."
+    )
+    lmcache_telemetry: bool = Field(
+        False,
+        description="Allow LMCache's anonymous usage telemetry. Off by default: the container sets "
+        "LMCACHE_TRACK_USAGE=false and DO_NOT_TRACK=1 for the cache server and the engine.",
+    )
+    lmcache_hash_seed: str = Field(
+        "0", pattern=r"^\d{1,10}$",
+        description="PYTHONHASHSEED shared by the cache server and the engine (must be equal in every "
+        "process that shares a cache; `random` is not allowed for that reason).",
+    )
+    lmcache_max_restarts: int = Field(
+        5, ge=0,
+        description="Restarts of a dead LMCache MP server allowed within option.lmcache_restart_window "
+        "(sliding window); past that the supervisor waits until the oldest restart leaves the window, "
+        "and /ping reports the degraded state meanwhile.",
+    )
+    lmcache_restart_window: int = Field(
+        600, gt=0, description="Seconds of the sliding window that option.lmcache_max_restarts counts in."
+    )
+
+
+class SpeculativeOptions(BaseModel):
+    """The speculative-decoding convenience keys (`option.speculative_config` itself is vLLM's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    speculative_method: Literal["eagle", "eagle3", "ngram", "mtp", "draft_model"] | None = Field(
+        None, description="Speculative method; combined with the two keys below into speculative_config."
+    )
+    speculative_draft_model: str | None = Field(
+        None, description="Draft model directory (relative paths resolve against the model directory)."
+    )
+    num_speculative_tokens: int | None = Field(
+        None, ge=1, le=16, description="Tokens drafted per step."
+    )
+
+
+class AdapterOptions(BaseModel):
+    """The adapter keys that are ours (enable_lora, max_loras, max_lora_rank, max_cpu_loras are vLLM's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    adapters_path: Path | None = Field(
+        None,
+        description="Directory of LoRA adapters (one sub-directory each); default `adapters/` next to the model.",
+    )
+
+
+class SessionOptions(BaseModel):
+    """The sticky-session keys (SageMaker stateful sessions)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enable_stateful_sessions: bool = Field(
+        True, description="Accept SageMaker NEW_SESSION / CLOSE requests and session headers."
+    )
+    sessions_expiration: int = Field(1200, gt=0, description="Seconds a session lives after its creation.")
+    sessions_path: Path | None = Field(
+        None, description="Directory where sessions are kept so that they survive a restart (default: memory only)."
+    )
+    max_sessions: int = Field(
+        10000, gt=0, description="Most live (open, unexpired) sessions; NEW_SESSION beyond it gets 429."
+    )
+    sessions_sweep_interval: int = Field(
+        60, gt=0, description="Seconds between sweeps that remove expired sessions from memory and disk."
+    )
+
+
+class SecurityOptions(BaseModel):
+    """The access-control keys: API keys for every route but /ping and /health."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_key: SecretStr | None = Field(
+        None,
+        description="API key(s) clients must send (`Authorization: Bearer KEY` or `X-Api-Key: KEY`); "
+        "comma-separated for rotation. Protects every route except /ping and /health. Unset: no "
+        "authentication (a warning at start-up when listening beyond loopback). Shown as *** everywhere.",
+    )
+    api_key_file: Path | None = Field(
+        None,
+        description="File with one API key per line (blank lines and # comments skipped), so the key "
+        "need not sit in the environment; relative to the model directory. Adds to option.api_key.",
+    )
+    metrics_public: bool = Field(
+        False, description="Serve /metrics without an API key (for a scraper on a trusted network)."
+    )
+
+
+SECTIONS: dict[str, type[BaseModel]] = {
+    "server": ServerOptions,
+    "lmcache": LMCacheOptions,
+    "speculative": SpeculativeOptions,
+    "adapters": AdapterOptions,
+    "sessions": SessionOptions,
+    "security": SecurityOptions,
+}

@@ -1,0 +1,51 @@
+"""resolve_runtime on a faked model directory (a config.json, no weights): engine arguments,
+environment and KV plan are worked out without starting an engine."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from lmi_server.config.schema import ConfigError, build_serving_config
+from lmi_server.runtime import resolve_runtime
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 2, "max_position_embeddings": 2048, "torch_dtype": "float32",
+    "vocab_size": 128, "intermediate_size": 128,
+}
+
+
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    return tmp_path
+
+
+def test_a_local_model_directory_resolves_without_an_engine(tmp_path, monkeypatch):
+    for module in ("vllm.v1.engine.async_llm", "vllm.engine.arg_utils"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing an engine would raise ImportError
+    cfg = build_serving_config({"option.max_model_len": "1024", "option.tensor_parallel_degree": "1"}, model_dir(tmp_path))
+    runtime = resolve_runtime(cfg, build_demo=False)
+    assert runtime.engine_args["model"] == str(tmp_path)
+    assert runtime.engine_args["served_model_name"] == [tmp_path.name]
+    assert runtime.engine_args["max_model_len"] == 1024 and runtime.engine_args["tensor_parallel_size"] == 1
+    assert "kv_transfer_config" not in runtime.engine_args  # no LMCache asked for
+    assert runtime.kv_plan is not None and runtime.kv_plan.mode != "mp"
+    json.dumps(runtime.describe(), default=str)  # `lmi-server config` prints it
+
+
+def test_an_lmcache_file_gives_the_engine_a_kv_connector(tmp_path):
+    d = model_dir(tmp_path)
+    (d / "lmcache.yaml").write_text("chunk_size: 16\nmax_local_cpu_size: 1\n")
+    cfg = build_serving_config({"option.lmcache_config_file": "lmcache.yaml", "option.max_model_len": "1024"}, d)
+    runtime = resolve_runtime(cfg, build_demo=False)
+    assert runtime.kv_plan.mode == "mp" and runtime.kv_plan.server_argv
+    assert runtime.engine_args["kv_transfer_config"]["kv_connector"] == "LMCacheMPConnector"
+
+
+def test_a_missing_chat_template_file_is_a_config_error(tmp_path):
+    cfg = build_serving_config({"option.chat_template": "nope.jinja", "option.max_model_len": "1024"}, model_dir(tmp_path))
+    with pytest.raises(ConfigError, match="nope.jinja"):
+        resolve_runtime(cfg, build_demo=False)
