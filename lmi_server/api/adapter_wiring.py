@@ -32,10 +32,16 @@ def lora_enabled(cfg: Any) -> bool:
 
 
 def adapters_root(cfg: Any) -> Path:
-    """option.adapters_path (relative to the model directory), else `adapters/` in the model directory."""
+    """option.adapters_path (relative to the model directory), else `adapters/` in the model directory;
+    the embedded assistant, with neither, uses the example adapters trained for it."""
     path = cfg.adapters.adapters_path
     if path is None:
-        return Path(cfg.model_dir) / "adapters"
+        own = Path(cfg.model_dir) / "adapters"
+        if cfg.model.source == "assistant" and not own.is_dir():
+            from lmi_server.demo.assistant import adapters_dir
+
+            return adapters_dir()
+        return own
     path = Path(path).expanduser()
     return path if path.is_absolute() else Path(cfg.model_dir) / path
 

