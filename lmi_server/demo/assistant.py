@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)

