@@ -6,7 +6,7 @@ half-way; what happens over time, per 10-second window.
     python benchmarks/soak.py --clients 16 --minutes 2 --name soak_short
 
 The server is `lmi-server serve` on the demo model with the LMCache CPU tier
-(lmcache_configs/cpu.yaml). Each client loops: a streaming chat request (a shared system prompt
+(lmcache_configs/cpu.yaml with a 2 GiB CPU tier). Each client loops: a streaming chat request (a shared system prompt
 plus its own question, so the cache sees reuse), and every fifth round one bad request (malformed
 JSON, unknown model, out-of-range parameter, oversized body: each must get a 4xx). Half-way the
 LMCache cache server is SIGKILLed (the supervisor must bring it back; requests must keep
@@ -211,13 +211,18 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=60)
     ap.add_argument("--prop", action="append", default=[], metavar="KEY=VALUE", help="extra serving.properties line")
     ap.add_argument("--name", default="soak")
+    ap.add_argument("--cpu-tier-gb", type=float, default=2, help="LMCache CPU tier (GiB)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lmi-soak-"))
     props = {
         "option.model_id": "lmi-demo", "option.cpu_kv_cache_space": "1", "option.dtype": "fp32",
         "option.max_model_len": "4096", "option.max_request_bytes": "200000",
-        "option.lmcache_config_file": str(REPO / "lmcache_configs" / "cpu.yaml"),
+        "option.lmcache_config_file": "lmcache.yaml",
     }
+    # The ready cpu.yaml asks for 20 GiB of RAM: too much beside 64 clients on a 24 GiB machine.
+    (work / "lmcache.yaml").write_text(
+        (REPO / "lmcache_configs" / "cpu.yaml").read_text().replace("max_local_cpu_size: 20", f"max_local_cpu_size: {args.cpu_tier_gb}")
+    )
     props.update(dict(p.split("=", 1) for p in args.prop))
     (work / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     port = free_port()
