@@ -183,22 +183,22 @@ def default_engine_memory(
         raise ConfigError([str(exc)]) from exc
 
 
+def builtin_draft(source: str) -> str | None:
+    """The EAGLE head shipped for a built-in model, when there is one."""
+    if source == "demo":
+        from lmi_server.demo.builder import kit_draft_dir as find
+    elif source == "assistant":
+        from lmi_server.demo.assistant import draft_dir as find
+    else:
+        return None
+    found = find()
+    return str(found) if found is not None else None
+
+
 def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, build_demo: bool) -> dict[str, Any] | None:
     from lmi_server.speculative import SpeculativeConfigError, build_speculative_config
 
-    default_draft = None
-    if cfg.model.source == "demo" and cfg.speculative.speculative_method in ("eagle",):
-        from lmi_server.demo import builder
-
-        try:  # the demo kit ships a trained EAGLE head for the demo model
-            default_draft = str(builder.ensure_demo_draft())
-        except FileNotFoundError:
-            default_draft = None
-    elif cfg.model.source == "assistant" and cfg.speculative.speculative_method in ("eagle",):
-        from lmi_server.demo.assistant import draft_dir
-
-        found = draft_dir()  # the EAGLE head trained for the default assistant, when shipped
-        default_draft = str(found) if found is not None else None
+    default_draft = builtin_draft(cfg.model.source) if cfg.speculative.speculative_method == "eagle" else None
     try:
         return build_speculative_config(cfg, str(engine_args["model"]), default_draft)
     except SpeculativeConfigError as exc:
