@@ -28,14 +28,23 @@ def busy_server(tmp_path_factory):
         yield proc
 
 
-def hold_the_engine(server: ServerProcess, stop: threading.Event, started: threading.Event) -> None:
+def hold_the_engine(server: ServerProcess, stop: threading.Event, started: threading.Event, seen: dict) -> None:
+    """Stream a long completion until `stop`; `seen` tells what the stream did (for failure messages)."""
     body = {"model": "lmi-demo", "prompt": "def f():\n", "max_tokens": 15000, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=300) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                started.set()
-            if stop.is_set():
-                return  # closing the stream aborts the generation and frees the slot
+    seen.update(tokens=0, other=[])
+    try:
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=300) as r:
+            seen["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"choices"' in line:
+                    seen["tokens"] += 1
+                    started.set()
+                elif line.strip():
+                    seen["other"].append(line[:300])
+                if stop.is_set():
+                    return  # closing the stream aborts the generation and frees the slot
+    finally:
+        seen["ended_at"] = time.monotonic()
 
 
 def metric(server: ServerProcess, name: str, labels: str = "") -> float:
@@ -47,11 +56,11 @@ def metric(server: ServerProcess, name: str, labels: str = "") -> float:
 
 
 def test_full_queue_is_refused_at_once_and_a_long_wait_is_dropped(busy_server):
-    stop, started = threading.Event(), threading.Event()
-    holder = threading.Thread(target=hold_the_engine, args=(busy_server, stop, started))
+    stop, started, seen = threading.Event(), threading.Event(), {}
+    holder = threading.Thread(target=hold_the_engine, args=(busy_server, stop, started, seen))
     holder.start()
     try:
-        assert started.wait(60), "the long stream did not start"
+        assert started.wait(60), f"the long stream did not start: {seen}"
         waited: dict = {}
 
         def waiter():
@@ -61,10 +70,10 @@ def test_full_queue_is_refused_at_once_and_a_long_wait_is_dropped(busy_server):
 
         w = threading.Thread(target=waiter)
         w.start()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10  # less than option.max_queue_wait
         while metric(busy_server, "lmi_queue_depth") != 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert metric(busy_server, "lmi_queue_depth") == 1
+        assert metric(busy_server, "lmi_queue_depth") == 1, f"holder: {seen}, waiter: {waited}, in engine: {metric(busy_server, 'lmi_requests_in_engine')}"
 
         # Queue full: refused at once, OpenAI error envelope, Retry-After.
         t0 = time.monotonic()
