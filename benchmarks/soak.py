@@ -47,19 +47,35 @@ BAD_REQUESTS = [
 ]
 
 
-def tree_rss(pid: int) -> int:
+def role_of(proc: psutil.Process, root_pid: int) -> str:
+    if proc.pid == root_pid:
+        return "api"
+    cmd = " ".join(proc.cmdline())
+    if "lmcache" in cmd and "multiprocess" in cmd:
+        return "cache_server"
+    return "engine" if "EngineCore" in proc.name() or "vllm" in cmd or "multiprocessing" in cmd else "other"
+
+
+def tree_memory(pid: int) -> dict[str, float]:
+    """MB of the server's process tree: RSS summed, and PSS by role. PSS counts a shared page once
+    (split among the processes mapping it): the engine and the cache server share the CPU tier's
+    /dev/shm segment, which summed RSS counts twice as soon as both have touched it."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return {}
+    out: dict[str, float] = defaultdict(float)
     for p in procs:
         try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
+            info = p.memory_full_info()
+            role = role_of(p, pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out["rss_mb"] += info.rss / 1e6
+        out["pss_mb"] += info.pss / 1e6
+        out[f"pss_{role}_mb"] += info.pss / 1e6
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def scrape(text: str, name: str) -> float:
@@ -131,7 +147,7 @@ async def monitor(server: Server, deadline: float, rec: Recorder, kill_at: float
                 text, ping = "", 0
             samples.append({
                 "t": round(now - rec.start, 1),
-                "rss_mb": round(tree_rss(server.proc.pid) / 1e6, 1),
+                **tree_memory(server.proc.pid),
                 "queue_depth": scrape(text, "lmi_queue_depth"),
                 "in_engine": scrape(text, "lmi_requests_in_engine"),
                 "cache_restarts": scrape(text, "lmi_lmcache_server_restarts_total") or scrape(text, "lmi_lmcache_server_restarts"),
@@ -150,7 +166,9 @@ def summarise(rec: Recorder, samples: list, warmup_s: float) -> dict:
         })
     all_ttft = [x for idx in rec.windows for x in rec.windows[idx]["ttft"] if idx * WINDOW_S >= warmup_s]
     all_itl = [x for idx in rec.windows for x in rec.windows[idx]["itl"] if idx * WINDOW_S >= warmup_s]
-    rss = [s["rss_mb"] for s in samples if "rss_mb" in s and s["t"] >= warmup_s]
+    mem = [s for s in samples if "pss_mb" in s and s["t"] >= warmup_s]
+    rss = [s["rss_mb"] for s in mem]
+    pss = [s["pss_mb"] for s in mem]
     failed = sum(sum(w["failed"].values()) for w in rec.windows.values())
     bad = sum(sum(w["bad"].values()) for w in rec.windows.values())
     return {
@@ -163,6 +181,11 @@ def summarise(rec: Recorder, samples: list, warmup_s: float) -> dict:
         "itl_p50_s": pct(all_itl, 50), "itl_p99_s": pct(all_itl, 99),
         "rss_mb_after_warmup_first": rss[0] if rss else None, "rss_mb_last": rss[-1] if rss else None,
         "rss_growth_after_warmup": (rss[-1] - rss[0]) / rss[0] if len(rss) > 1 else None,
+        "pss_mb_after_warmup_first": pss[0] if pss else None, "pss_mb_last": pss[-1] if pss else None,
+        "pss_growth_after_warmup": (pss[-1] - pss[0]) / pss[0] if len(pss) > 1 else None,
+        "pss_growth_by_role_mb": {
+            k[4:-3]: round(mem[-1].get(k, 0) - mem[0].get(k, 0), 1) for k in mem[-1] if k.startswith("pss_") and k != "pss_mb"
+        } if len(mem) > 1 else {},
         "cache_restarts": max((s.get("cache_restarts", 0) for s in samples), default=0),
         "windows": windows,
     }
@@ -185,9 +208,12 @@ def plot(doc: dict, out: Path) -> None:
     axes[1].bar(t, [sum(x["failed"].values()) for x in w], width=WINDOW_S * 0.8, color="red", label="failed")
     axes[1].set_ylabel(f"requests / {WINDOW_S} s")
     axes[1].legend()
-    samples = [s for s in doc["samples"] if "rss_mb" in s]
+    samples = [s for s in doc["samples"] if "pss_mb" in s]
     ax = axes[2]
-    ax.plot([s["t"] for s in samples], [s["rss_mb"] for s in samples], label="RSS of the process tree (MB)")
+    ax.plot([s["t"] for s in samples], [s["pss_mb"] for s in samples], label="memory of the process tree (PSS, MB)")
+    for role in ("api", "engine", "cache_server"):
+        ax.plot([s["t"] for s in samples], [s.get(f"pss_{role}_mb", 0) for s in samples], linewidth=0.8, label=role)
+    ax.legend(loc="upper left", fontsize=8)
     ax.set_ylabel("MB")
     ax2 = ax.twinx()
     ax2.plot([s["t"] for s in samples], [s["queue_depth"] for s in samples], color="orange", label="queue depth")
@@ -256,7 +282,8 @@ def main() -> int:
     s = doc["summary"]
     print(
         f"completed {s['completed']}, failed {s['failed']}, bad {s['bad_requests']} ({s['bad_requests_5xx']} answered 5xx), "
-        f"TTFT p50 {s['ttft_p50_s']:.2f} s p99 {s['ttft_p99_s']:.2f} s, RSS growth {s['rss_growth_after_warmup']}, "
+        f"TTFT p50 {s['ttft_p50_s']:.2f} s p99 {s['ttft_p99_s']:.2f} s, PSS growth {s['pss_growth_after_warmup']} "
+        f"{s['pss_growth_by_role_mb']}, "
         f"cache restarts {s['cache_restarts']}, /ping at end {ping_end}; wrote {path}"
     )
     return 0

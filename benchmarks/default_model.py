@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+"""What `make serve` gives a user: decode speed of the embedded assistant at 1 and 8 clients,
+without and with its shipped EAGLE head, measured side by side in one run.
+
+    python benchmarks/default_model.py                     # writes benchmarks/results/default_model.{json,png}
+    python benchmarks/default_model.py --modes plain --concurrency 1
+
+Each mode starts `lmi-server serve` with no model option (the default assistant, as `make serve`);
+"eagle" adds only `OPTION_SPECULATIVE_METHOD=eagle` (the server then uses the draft head shipped
+for the built-in model). Greedy streamed chat requests (held-out questions, never seen in the
+draft's training) run at each concurrency level. Recorded: output tokens/s over the level, mean
+inter-token latency and time to first token per request, and, for EAGLE, the acceptance rate and
+mean acceptance length from vLLM's counters on /metrics (diffed around each level).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import RESULTS, Server, free_port, machine, run_concurrent, save  # noqa: E402
+
+QUESTIONS = [
+    "What is the capital of France?", "How do I reverse a list in Python?", "Why do we have day and night?",
+    "Give me two tips for writing clear emails.", "What is photosynthesis?", "How does a bicycle stay upright?",
+    "What is the difference between RAM and a hard drive?", "Explain what a function is in programming.",
+    "What are the three states of water?", "How can I improve my sleep?", "What is an atom made of?",
+    "Write a haiku about autumn leaves.", "What does HTTP stand for?", "Why is the ocean salty?",
+    "How do I sort a dictionary by value in Python?", "What is the role of the heart in the body?",
+]
+SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def spec_counters(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out = dict.fromkeys(SPEC, 0.0)
+    for line in text.splitlines():
+        for name in SPEC:
+            if line.startswith(f"vllm:spec_decode_{name}_total"):
+                out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def run_level(url: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+    bodies = [
+        {"messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+         "max_tokens": max_tokens, "temperature": 0}
+        for i in range(requests)
+    ]
+    before = spec_counters(url)
+    results, wall = asyncio.run(run_concurrent(url + "/v1/chat/completions", bodies, concurrency))
+    after = spec_counters(url)
+    ok = [r for r in results if r.ok]
+    if len(ok) != len(results):
+        raise RuntimeError(f"failed requests: {[r.error for r in results if not r.ok][:3]}")
+    tokens = sum(r.output_tokens for r in ok)
+    itl = [sum(r.itl_s) / len(r.itl_s) for r in ok if r.itl_s]
+    d = {k: after[k] - before[k] for k in SPEC}
+    return {
+        "concurrency": concurrency, "requests": len(ok), "output_tokens": tokens, "wall_s": round(wall, 2),
+        "output_tokens_per_s": round(tokens / wall, 2),
+        "mean_itl_ms": round(1000 * statistics.fmean(itl), 1) if itl else None,
+        "mean_ttft_ms": round(1000 * statistics.fmean(r.ttft_s for r in ok), 1),
+        "acceptance_rate": round(d["num_accepted_tokens"] / d["num_draft_tokens"], 4) if d["num_draft_tokens"] else None,
+        "mean_acceptance_length": round(1 + d["num_accepted_tokens"] / d["num_drafts"], 3) if d["num_drafts"] else None,
+        "answer_sample": None,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", nargs="+", default=["plain", "eagle"], choices=["plain", "eagle"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--requests", type=int, default=0, help="per level; default max(6, 2 x concurrency)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--name", default="default_model")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="lmi-default-"))
+    load_start = os.getloadavg()
+    runs = []
+    for mode in args.modes:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
+        if mode == "eagle":
+            env["OPTION_SPECULATIVE_METHOD"] = "eagle"
+        port = free_port()
+        argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
+                "--host", "127.0.0.1", "--port", str(port)]
+        server = Server(f"lmi-{mode}", argv, port, "/ping", work / f"{mode}.log", env=env)
+        server.env = {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        with server:
+            levels = []
+            for c in args.concurrency:
+                levels.append(run_level(server.url, c, args.requests or max(6, 2 * c), args.max_tokens))
+                print(f"{mode} c={c}: {levels[-1]}", flush=True)
+            sample = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+                "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 32, "temperature": 0}).json()
+            levels[0]["answer_sample"] = sample["choices"][0]["message"]["content"]
+        runs.append({"mode": mode, "start_s": round(server.start_s, 1), "levels": levels})
+    doc = {
+        "benchmark": "default_model", "machine": machine(), "load_average_at_start": load_start,
+        "load_average_at_end": os.getloadavg(), "max_tokens": args.max_tokens, "runs": runs,
+    }
+    base = {lv["concurrency"]: lv["output_tokens_per_s"] for r in runs if r["mode"] == "plain" for lv in r["levels"]}
+    for r in runs:
+        for lv in r["levels"]:
+            if base.get(lv["concurrency"]):
+                lv["speedup_vs_plain"] = round(lv["output_tokens_per_s"] / base[lv["concurrency"]], 3)
+    path = save(args.name, doc)
+    plot(doc, RESULTS / f"{args.name}.png")
+    print(f"wrote {path}")
+    return 0
+
+
+def plot(doc: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    levels = sorted({lv["concurrency"] for r in doc["runs"] for lv in r["levels"]})
+    width = 0.8 / max(1, len(doc["runs"]))
+    for i, r in enumerate(doc["runs"]):
+        by_c = {lv["concurrency"]: lv for lv in r["levels"]}
+        xs = [j + i * width for j in range(len(levels))]
+        axes[0].bar(xs, [by_c[c]["output_tokens_per_s"] for c in levels], width, label=r["mode"])
+        axes[1].bar(xs, [by_c[c]["mean_itl_ms"] or 0 for c in levels], width, label=r["mode"])
+    for ax, title in zip(axes, ("output tokens/s (all clients)", "mean inter-token latency (ms)")):
+        ax.set_xticks([j + width * (len(doc["runs"]) - 1) / 2 for j in range(len(levels))], [f"{c} client(s)" for c in levels])
+        ax.set_title(title)
+        ax.legend()
+    la = doc["load_average_at_start"][0]
+    fig.suptitle(f"Default assistant (SmolLM2-135M-Instruct, make serve), {doc['machine']['cpus']} CPUs, load avg {la:.1f} at start")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
