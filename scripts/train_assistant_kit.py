@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import random
 import re
@@ -39,6 +38,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eagle_draft import draft_unroll, lr_at, make_draft, simulated_acceptance  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = Path(os.environ.get("LMI_ASSISTANT_DIR", str(Path.home() / ".cache/lmi_server/smollm2-135m-instruct-bfloat16")))
@@ -227,133 +229,8 @@ def fingerprint(base: Path) -> str:
     return h.hexdigest()
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 # --------------------------------------------------------------------------------------------
 # EAGLE-1 draft (same computation as vllm/model_executor/models/llama_eagle.py)
-
-
-def make_draft(target):
-    import torch
-    from torch import nn
-
-    class EagleDraft(nn.Module):
-        def __init__(self, c):
-            super().__init__()
-            H, I = c.hidden_size, c.intermediate_size
-            self.nh, self.nkv = c.num_attention_heads, c.num_key_value_heads
-            self.hd = getattr(c, "head_dim", None) or H // self.nh
-            self.eps = c.rms_norm_eps
-            self.fc = nn.Linear(2 * H, H, bias=False)
-            self.q_proj = nn.Linear(H, self.nh * self.hd, bias=False)
-            self.k_proj = nn.Linear(H, self.nkv * self.hd, bias=False)
-            self.v_proj = nn.Linear(H, self.nkv * self.hd, bias=False)
-            self.o_proj = nn.Linear(self.nh * self.hd, H, bias=False)
-            self.post_attention_layernorm = nn.Parameter(torch.ones(H))
-            self.gate_proj = nn.Linear(H, I, bias=False)
-            self.up_proj = nn.Linear(H, I, bias=False)
-            self.down_proj = nn.Linear(I, H, bias=False)
-
-        def state_for_vllm(self) -> dict:
-            p = "layers.0."
-            sd = {"fc.weight": self.fc.weight}
-            for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                sd[f"{p}self_attn.{n}.weight"] = getattr(self, n).weight
-            for n in ("gate_proj", "up_proj", "down_proj"):
-                sd[f"{p}mlp.{n}.weight"] = getattr(self, n).weight
-            sd[f"{p}post_attention_layernorm.weight"] = self.post_attention_layernorm
-            return {k: v.detach().clone().contiguous() for k, v in sd.items()}
-
-        def inputs(self, emb, feat, cos, sin):
-            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-            B, T, _ = emb.shape
-            x = self.fc(torch.cat([emb, feat], dim=-1))  # layer 0: input_layernorm is Identity
-            q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
-            k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-            v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            rep = self.nh // self.nkv
-            return x, q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-
-        def finish(self, x, attn):
-            B, _, T, _ = attn.shape
-            r = self.o_proj(attn.transpose(1, 2).reshape(B, T, -1)) + x
-            n = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + self.eps) * self.post_attention_layernorm
-            return self.down_proj(nn.functional.silu(self.gate_proj(n)) * self.up_proj(n)) + r
-
-    d = EagleDraft(target.config)
-    last = target.model.layers[-1]  # start from the target's last layer; fc passes the feature through
-    with torch.no_grad():
-        H = target.config.hidden_size
-        d.fc.weight.zero_()
-        d.fc.weight[:, H:] = torch.eye(H)
-        d.fc.weight.add_(torch.randn_like(d.fc.weight) * 0.01)
-        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            getattr(d, n).weight.copy_(getattr(last.self_attn, n).weight)
-        for n in ("gate_proj", "up_proj", "down_proj"):
-            getattr(d, n).weight.copy_(getattr(last.mlp, n).weight)
-        d.post_attention_layernorm.copy_(last.post_attention_layernorm.weight)
-        # SmolLM2's last layer writes very large values into the residual stream (the final norm
-        # rescales them); fed the post-norm feature it outputs ~1e5 (smooth L1 ~1.8e5 at step 1).
-        # Zero the two residual writers so the head starts as "next feature = this feature".
-        d.o_proj.weight.zero_()
-        d.down_proj.weight.zero_()
-    return d
-
-
-def draft_unroll(draft, target, tokens, feats, K: int):
-    """K speculative steps over every anchor at once, mirroring vLLM's draft KV cache.
-
-    tokens [B,T+2], feats [B,T+1,H] (post-norm target features; feats[:, p] predicts tokens[:, p+1]).
-    Draft position p takes (embed(tokens[p+1]), feature) and predicts feats[p+1]. Step 1 uses the
-    true feature feats[p]; step k>1 at p uses step k-1's output at p-1 and attends to the step-1
-    keys at positions <= p-(k-1) plus step-j keys at position p-(k-j) (j = 2..k).
-    Returns [out_1..out_K], each [B,T,H]."""
-    import torch
-
-    B, T1 = tokens.shape
-    T = T1 - 2
-    emb = target.model.embed_tokens(tokens[:, 1 : T + 1])
-    pos = torch.arange(T).unsqueeze(0)
-    cos, sin = target.model.rotary_emb(emb, pos)
-    scale = 1.0 / math.sqrt(draft.hd)
-    ar = torch.arange(T)
-    outs, keys, vals = [], [], []
-    feat = feats[:, :T]
-    for k in range(1, K + 1):
-        x, q, kk, vv = draft.inputs(emb, feat, cos, sin)
-        keys.append(kk)
-        vals.append(vv)
-        s1 = torch.matmul(q, keys[0].transpose(-1, -2)) * scale
-        allowed = ar.view(1, -1) <= (ar.view(-1, 1) - (k - 1))
-        s1 = s1.masked_fill(~allowed, float("-inf"))
-        parts_s, parts_v = [s1], []
-        for j in range(2, k + 1):
-            off = k - j
-            kj, vj = keys[j - 1], vals[j - 1]
-            if off:
-                kj = torch.nn.functional.pad(kj, (0, 0, off, 0))[:, :, :T]
-                vj = torch.nn.functional.pad(vj, (0, 0, off, 0))[:, :, :T]
-            sj = (q * kj).sum(-1, keepdim=True) * scale
-            if off:
-                sj[:, :, :off] = float("-inf")
-            parts_s.append(sj)
-            parts_v.append(vj)
-        p = torch.softmax(torch.cat(parts_s, dim=-1), dim=-1).nan_to_num(0.0)
-        attn = torch.matmul(p[..., :T], vals[0])
-        for idx, vj in enumerate(parts_v):
-            attn = attn + p[..., T + idx : T + idx + 1] * vj
-        out = draft.finish(x, attn)
-        outs.append(out)
-        feat = torch.nn.functional.pad(out, (0, 0, 1, 0))[:, :T]
-    return outs
-
 
 def target_stats(target, seqs, topk: int):
     """Per sequence: post-norm final hidden states and the target's top-k next-token distribution."""
@@ -413,35 +290,6 @@ def draft_step_loss(draft, target, batch, K: int, cls_weight: float, n_neg: int,
     return total, stats
 
 
-def simulated_acceptance(draft, target, seqs, prompt_lens, K: int) -> dict:
-    """Greedy EAGLE chain on the target's greedy answers: at every anchor of the answer, the accepted
-    length is the number of leading draft tokens equal to the target's next greedy tokens."""
-    import torch
-
-    acc_len, per_pos = [], [0] * K
-    with torch.no_grad():
-        for s, pl in zip(seqs, prompt_lens):
-            x = torch.tensor([s])
-            feats = target.model(input_ids=x).last_hidden_state
-            outs = draft_unroll(draft, target, x, feats, K)
-            T = x.shape[1] - 2
-            toks = [target.lm_head(o).argmax(-1)[0] for o in outs]  # toks[k-1][p] predicts x[p+2]
-            for n in range(max(pl - 1, 0), T - K + 1):
-                a = 0
-                for k in range(1, K + 1):
-                    if int(toks[k - 1][n + k - 1]) == int(x[0, n + k + 1]):
-                        a += 1
-                    else:
-                        break
-                acc_len.append(a)
-                for k in range(a):
-                    per_pos[k] += 1
-    n = max(1, len(acc_len))
-    return {"anchors": len(acc_len), "acceptance_rate": round(sum(acc_len) / (n * K), 4),
-            "mean_acceptance_length": round(1 + sum(acc_len) / n, 4),
-            "per_position": [round(c / n, 4) for c in per_pos]}
-
-
 def train_eagle(args, tok, target, train_seqs, prompt_lens, held_seqs, held_plens, out: Path, deadline: float) -> dict:
     import torch
     from safetensors.torch import save_file
@@ -459,7 +307,7 @@ def train_eagle(args, tok, target, train_seqs, prompt_lens, held_seqs, held_plen
                    "feature_seconds": round(time.time() - t0, 1)}
     log(f"eagle: data {rec['data']}")
     torch.manual_seed(args.seed)
-    draft = make_draft(target)
+    draft = make_draft(target, zero_residual_writers=True)
     opt = torch.optim.AdamW(draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed + 7)
     rng = random.Random(args.seed + 7)
