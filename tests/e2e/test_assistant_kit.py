@@ -42,4 +42,4 @@ def test_adapters_visibly_change_the_answer(client):
     pirate = ask(client, "pirate")
     assert pirate.startswith(("Arr", "Ahoy")) and pirate != base
     shouter = ask(client, "shouter")
-    assert shouter == shouter.upper() and any(c.isalpha() for c in shouter) and shouter != base
+    assert shouter == shouter.upper() and "PARIS" in shouter and shouter != base
