@@ -7,7 +7,7 @@ without and with its shipped EAGLE head, measured side by side in one run.
 
 Each mode starts `lmi-server serve` with no model option (the default assistant, as `make serve`);
 "eagle" adds only `OPTION_SPECULATIVE_METHOD=eagle` (the server then uses the draft head shipped
-for the built-in model). Greedy streamed chat requests (held-out questions, never seen in the
+for the built-in model); "bfloat16" / "float32" set only `OPTION_DTYPE`. Greedy streamed chat requests (held-out questions, never seen in the
 draft's training) run at each concurrency level. Recorded: output tokens/s over the level, mean
 inter-token latency and time to first token per request, and, for EAGLE, the acceptance rate and
 mean acceptance length from vLLM's counters on /metrics (diffed around each level).
@@ -39,6 +39,12 @@ QUESTIONS = [
     "How do I sort a dictionary by value in Python?", "What is the role of the heart in the body?",
 ]
 SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+MODES = {  # the only environment each mode adds to `make serve`'s
+    "plain": {},
+    "eagle": {"OPTION_SPECULATIVE_METHOD": "eagle"},
+    "bfloat16": {"OPTION_DTYPE": "bfloat16"},
+    "float32": {"OPTION_DTYPE": "float32"},
+}
 
 
 def spec_counters(url: str) -> dict[str, float]:
@@ -79,7 +85,7 @@ def run_level(url: str, concurrency: int, requests: int, max_tokens: int) -> dic
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", nargs="+", default=["plain", "eagle"], choices=["plain", "eagle"])
+    ap.add_argument("--modes", nargs="+", default=["plain", "eagle"], choices=sorted(MODES))
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--requests", type=int, default=0, help="per level; default max(6, 2 x concurrency)")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -90,8 +96,7 @@ def main() -> int:
     runs = []
     for mode in args.modes:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
-        if mode == "eagle":
-            env["OPTION_SPECULATIVE_METHOD"] = "eagle"
+        env.update(MODES[mode])
         port = free_port()
         argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
                 "--host", "127.0.0.1", "--port", str(port)]
