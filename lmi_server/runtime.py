@@ -129,12 +129,18 @@ def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: lis
     """Defaults for the models that ship with the server, where the user set nothing.
 
     Eager mode on CPU: for models this small, torch.compile adds minutes to every start and buys
-    little decode speed (measured in the README), and in bf16 it changed greedy answers."""
+    little decode speed (measured in the README), and in bf16 it changed greedy answers.
+    float32 on a CPU without native bfloat16: the assistant's weights are bf16, and on an AVX2-only
+    host bf16 ran at 0.38x the tokens/s of fp32 with 8 clients and 4x its time to first token
+    (benchmarks/results/default_model_dtype.json)."""
     if cfg.model.source not in ("demo", "assistant") or host.gpu_count() > 0:
         return
     if "enforce_eager" not in engine_args and "compilation_config" not in engine_args:
         engine_args["enforce_eager"] = True
         notes.append("built-in model on a CPU host: enforce_eager=true (set option.enforce_eager=false to compile)")
+    if engine_args.get("dtype") in (None, "auto") and host.cpu_has_native_bf16() is False:
+        engine_args["dtype"] = "float32"
+        notes.append("built-in model on a CPU without native bfloat16: dtype=float32 (set option.dtype to choose)")
 
 
 def user_sized_engine_memory(cfg: ServingConfig, engine_args: dict[str, Any]) -> str | None:
@@ -147,6 +153,18 @@ def user_sized_engine_memory(cfg: ServingConfig, engine_args: dict[str, Any]) ->
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return "VLLM_CPU_KVCACHE_SPACE"
     return None
+
+
+FLOAT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def loaded_weight_bytes(file_bytes: int | None, model_config: dict[str, Any] | None, dtype: str | None) -> int | None:
+    """The weights' size in memory: the files' size, scaled when the engine casts them (bf16 files
+    served in float32 take twice their size)."""
+    stored = (model_config or {}).get("torch_dtype") or (model_config or {}).get("dtype")
+    if file_bytes is None or not isinstance(stored, str) or stored not in FLOAT_BYTES or dtype not in FLOAT_BYTES:
+        return file_bytes
+    return file_bytes * FLOAT_BYTES[dtype] // FLOAT_BYTES[stored]
 
 
 def default_engine_memory(
@@ -173,7 +191,7 @@ def default_engine_memory(
     try:
         return plan_cpu_kv_cache(
             probe_memory(),
-            weight_bytes=safetensors_bytes(model_path),
+            weight_bytes=loaded_weight_bytes(safetensors_bytes(model_path), model_config, engine_args.get("dtype")),
             lmcache_cpu_bytes=lmcache_cpu_bytes,
             bytes_per_token=bytes_per_token,
             max_model_len=int(max_len) if max_len else None,

@@ -23,3 +23,22 @@ def gpu_count() -> int:
         except (OSError, subprocess.SubprocessError):
             return 0
     return 0
+
+
+BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 AVX-512 BF16 / AMX; Arm's "bf16" feature
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether the CPU computes bfloat16 natively; None when /proc/cpuinfo cannot be read.
+
+    Without it (an AVX2-only x86 host, for instance) PyTorch converts bf16 to fp32 around every
+    matrix product, which costs more than it saves."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("flags", "features"):
+                    return bool(BF16_CPU_FLAGS & set(value.split()))
+    except OSError:
+        return None
+    return None

@@ -49,3 +49,49 @@ def test_a_missing_chat_template_file_is_a_config_error(tmp_path):
     cfg = build_serving_config({"option.chat_template": "nope.jinja", "option.max_model_len": "1024"}, model_dir(tmp_path))
     with pytest.raises(ConfigError, match="nope.jinja"):
         resolve_runtime(cfg, build_demo=False)
+
+
+CPUINFO_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+CPUINFO_SPR = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+CPUINFO_ARM = "processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n"
+
+
+@pytest.mark.parametrize(("text", "native"), [(CPUINFO_AVX2, False), (CPUINFO_SPR, True), (CPUINFO_ARM, True), ("", None)])
+def test_native_bf16_is_read_from_cpu_flags(tmp_path, text, native):
+    from lmi_server.config import host
+
+    (tmp_path / "cpuinfo").write_text(text)
+    assert host.cpu_has_native_bf16(str(tmp_path / "cpuinfo")) is native
+    assert host.cpu_has_native_bf16(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize(
+    ("source", "given", "native", "expected"),
+    [
+        ("assistant", None, False, "float32"),  # bf16 weights on an AVX2-only CPU: run them in fp32
+        ("assistant", None, True, None),  # native bf16: the model's own dtype
+        ("assistant", None, None, None),  # unknown CPU: leave it to vLLM
+        ("assistant", "bfloat16", False, "bfloat16"),  # the user's choice wins
+        ("local", None, False, None),  # a user's model keeps vLLM's behaviour
+    ],
+)
+def test_builtin_models_run_float32_on_cpus_without_bf16(monkeypatch, source, given, native, expected):
+    from types import SimpleNamespace
+
+    from lmi_server import runtime
+
+    monkeypatch.setattr(runtime.host, "gpu_count", lambda: 0)
+    monkeypatch.setattr(runtime.host, "cpu_has_native_bf16", lambda: native)
+    engine_args = {} if given is None else {"dtype": given}
+    runtime.builtin_defaults(SimpleNamespace(model=SimpleNamespace(source=source)), engine_args, [])
+    assert engine_args.get("dtype") == expected
+
+
+def test_weights_served_in_another_float_type_are_counted_at_their_loaded_size():
+    from lmi_server.runtime import loaded_weight_bytes
+
+    assert loaded_weight_bytes(100, {"torch_dtype": "bfloat16"}, "float32") == 200
+    assert loaded_weight_bytes(100, {"torch_dtype": "float32"}, "bfloat16") == 50
+    assert loaded_weight_bytes(100, {"torch_dtype": "bfloat16"}, None) == 100  # the model's own dtype
+    assert loaded_weight_bytes(100, {}, "float32") == 100  # unknown storage: the files' size
+    assert loaded_weight_bytes(None, {"torch_dtype": "bfloat16"}, "float32") is None
