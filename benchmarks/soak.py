@@ -48,12 +48,14 @@ BAD_REQUESTS = [
 
 
 def role_of(proc: psutil.Process, root_pid: int) -> str:
+    """api (the server process), cache_server (LMCache), engine_core (vLLM's scheduler process) or
+    engine_worker (the process that holds the weights and the KV cache)."""
     if proc.pid == root_pid:
         return "api"
     cmd = " ".join(proc.cmdline())
     if "lmcache" in cmd and "multiprocess" in cmd:
         return "cache_server"
-    return "engine" if "EngineCore" in proc.name() or "vllm" in cmd or "multiprocessing" in cmd else "other"
+    return "engine_core" if "EngineCore" in proc.name() else "engine_worker"
 
 
 def tree_memory(pid: int) -> dict[str, float]:
@@ -211,7 +213,7 @@ def plot(doc: dict, out: Path) -> None:
     samples = [s for s in doc["samples"] if "pss_mb" in s]
     ax = axes[2]
     ax.plot([s["t"] for s in samples], [s["pss_mb"] for s in samples], label="memory of the process tree (PSS, MB)")
-    for role in ("api", "engine", "cache_server"):
+    for role in ("api", "engine_core", "engine_worker", "cache_server"):
         ax.plot([s["t"] for s in samples], [s.get(f"pss_{role}_mb", 0) for s in samples], linewidth=0.8, label=role)
     ax.legend(loc="upper left", fontsize=8)
     ax.set_ylabel("MB")

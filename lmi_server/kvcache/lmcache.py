@@ -178,15 +178,15 @@ def shm_segment_name(port: int, instance: int | None = None) -> str:
     return f"lmcache_mp_{port}_{os.getpid() if instance is None else instance}"
 
 
-HEALTH_PING_INTERVAL_S = 1.0
-"""How often the engine's connector pings the MP server (LMCache's default: 10 s). Lookups sent to
-a dead server wait until a ping fails (one interval to the next ping, one more for its timeout),
-so with the default every request arriving after a cache-server crash stalled up to ~20 s; at 1 s
-they go on without KV offloading within ~2 s. A ping is one small ZMQ round trip."""
-
-
 def mp_kv_transfer_config(tiers: CacheTiers) -> dict[str, Any]:
-    """kwargs for `vllm.config.KVTransferConfig` that point vLLM at the MP server."""
+    """kwargs for `vllm.config.KVTransferConfig` that point vLLM at the MP server.
+
+    The connector's health ping stays at LMCache's default (every 10 s): lookups sent to a dead
+    cache server wait for a failed ping, so a cache-server crash stalls new requests for up to
+    ~20 s (15 s in benchmarks/results/soak.json). A 1 s ping cut that to ~1 s, but in a soak the
+    engine worker then hung in a store issued to the restarted server before the connector had
+    re-registered its KV caches (LMCache 0.5.6: "non-GPU context not registered"), until vLLM's
+    5-minute RPC timeout killed the engine."""
     return {
         "kv_connector": MP_CONNECTOR,
         "kv_role": "kv_both",
@@ -194,7 +194,6 @@ def mp_kv_transfer_config(tiers: CacheTiers) -> dict[str, Any]:
         "kv_connector_extra_config": {
             "lmcache.mp.host": f"tcp://{tiers.host}",
             "lmcache.mp.port": tiers.port,
-            "lmcache.mp.heartbeat_interval": HEALTH_PING_INTERVAL_S,
         },
     }
 

@@ -41,11 +41,7 @@ def test_cpu_only_file_gives_the_verified_recipe():
         "kv_connector": "LMCacheMPConnector",
         "kv_role": "kv_both",
         "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
-        "kv_connector_extra_config": {
-            "lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": 5555,
-            # a dead cache server is noticed within ~2 s (LMCache's default ping every 10 s stalls ~20 s)
-            "lmcache.mp.heartbeat_interval": 1.0,
-        },
+        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": 5555},
     }
     assert p.env == {"PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
     assert p.metrics_url == "http://127.0.0.1:5556/metrics"
