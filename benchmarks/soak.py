@@ -218,7 +218,7 @@ def plot(doc: dict, out: Path) -> None:
     ax.legend(loc="upper left", fontsize=8)
     ax.set_ylabel("MB")
     ax2 = ax.twinx()
-    ax2.plot([s["t"] for s in samples], [s["queue_depth"] for s in samples], color="orange", label="queue depth")
+    ax2.plot([s["t"] for s in samples], [s["queue_depth"] for s in samples], color="black", linestyle=":", label="queue depth (right axis)")
     ax2.set_ylabel("queue depth")
     for s in doc["samples"]:
         if "event" in s:
