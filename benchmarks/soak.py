@@ -239,7 +239,7 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=60)
     ap.add_argument("--prop", action="append", default=[], metavar="KEY=VALUE", help="extra serving.properties line")
     ap.add_argument("--name", default="soak")
-    ap.add_argument("--cpu-tier-gb", type=float, default=2, help="LMCache CPU tier (GiB)")
+    ap.add_argument("--cpu-tier-gb", type=float, default=2, help="LMCache CPU tier (GiB); 0: no LMCache (nothing to kill)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lmi-soak-"))
     props = {
@@ -251,6 +251,8 @@ def main() -> int:
     (work / "lmcache.yaml").write_text(
         (REPO / "lmcache_configs" / "cpu.yaml").read_text().replace("max_local_cpu_size: 20", f"max_local_cpu_size: {args.cpu_tier_gb}")
     )
+    if args.cpu_tier_gb == 0:  # no LMCache at all: what the engine alone does over time
+        del props["option.lmcache_config_file"]
     props.update(dict(p.split("=", 1) for p in args.prop))
     (work / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     port = free_port()
