@@ -157,6 +157,20 @@ def summarise(results: list[RequestResult], wall_s: float) -> dict:
     }
 
 
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def spec_counters(url: str) -> dict[str, float]:
+    """vLLM's speculative-decoding counters from a server's /metrics (summed over label sets)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out = dict.fromkeys(SPEC_COUNTERS, 0.0)
+    for line in text.splitlines():
+        for name in SPEC_COUNTERS:
+            if line.startswith(f"vllm:spec_decode_{name}_total"):
+                out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def machine() -> dict:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]}
 

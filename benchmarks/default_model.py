@@ -27,7 +27,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, Server, free_port, machine, run_concurrent, save  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS, SPEC_COUNTERS, Server, free_port, machine, run_concurrent, save, spec_counters,
+)
 
 QUESTIONS = [
     "What is the capital of France?", "How do I reverse a list in Python?", "Why do we have day and night?",
@@ -37,23 +39,12 @@ QUESTIONS = [
     "Write a haiku about autumn leaves.", "What does HTTP stand for?", "Why is the ocean salty?",
     "How do I sort a dictionary by value in Python?", "What is the role of the heart in the body?",
 ]
-SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 MODES = {  # the only environment each mode adds to `make serve`'s
     "plain": {},
     "eagle": {"OPTION_SPECULATIVE_METHOD": "eagle"},
     "bfloat16": {"OPTION_DTYPE": "bfloat16"},
     "float32": {"OPTION_DTYPE": "float32"},
 }
-
-
-def spec_counters(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=30).text
-    out = dict.fromkeys(SPEC, 0.0)
-    for line in text.splitlines():
-        for name in SPEC:
-            if line.startswith(f"vllm:spec_decode_{name}_total"):
-                out[name] += float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def run_level(url: str, concurrency: int, requests: int, max_tokens: int) -> dict:
@@ -70,7 +61,7 @@ def run_level(url: str, concurrency: int, requests: int, max_tokens: int) -> dic
         raise RuntimeError(f"failed requests: {[r.error for r in results if not r.ok][:3]}")
     tokens = sum(r.output_tokens for r in ok)
     itl = [sum(r.itl_s) / len(r.itl_s) for r in ok if r.itl_s]
-    d = {k: after[k] - before[k] for k in SPEC}
+    d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
     return {
         "concurrency": concurrency, "requests": len(ok), "output_tokens": tokens, "wall_s": round(wall, 2),
         "output_tokens_per_s": round(tokens / wall, 2),

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 KIT = REPO / "lmi_server" / "demo" / "kit"
 
 
-from benchmarks.common import Server, free_port, stream_completion  # noqa: E402
+from benchmarks.common import Server, free_port, spec_counters, stream_completion  # noqa: E402
 
 
 def spec_config(mode: str, k: int, draft: Path) -> dict | None:
@@ -59,20 +59,6 @@ def make_server(model: Path, mode: str, k: int, draft: Path, log_dir: Path) -> S
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     log_dir.mkdir(parents=True, exist_ok=True)
     return Server(f"vllm-{mode}", cmd, port, "/health", log_dir / f"server_{mode}.log", env)
-
-
-def spec_counters(base: str) -> dict[str, float]:
-    import httpx
-
-    text = httpx.get(base + "/metrics", timeout=10).text
-    out: dict[str, float] = {}
-    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-        m = 0.0
-        for line in text.splitlines():
-            if line.startswith(f"vllm:spec_decode_{name}_total"):
-                m += float(line.rsplit(" ", 1)[1])
-        out[name] = m
-    return out
 
 
 def build_prompts(tok, n: int, kind: str, prompt_len: int) -> list[list[int]]:

@@ -16,7 +16,7 @@ from lmi_server.config import host
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import engine_environment
 from lmi_server.kvcache.engine_memory import EngineMemoryError, EngineMemoryPlan, plan_cpu_kv_cache, probe_memory
-from lmi_server.kvcache.footprint import ModelConfigError, kv_footprint
+from lmi_server.kvcache.footprint import DTYPE_BYTES, ModelConfigError, kv_footprint
 from lmi_server.kvcache.host import safetensors_bytes
 from lmi_server.kvcache.plan import KVCachePlan
 
@@ -155,7 +155,7 @@ def user_sized_engine_memory(cfg: ServingConfig, engine_args: dict[str, Any]) ->
     return None
 
 
-FLOAT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+FLOAT_BYTES = {name: n for name, n in DTYPE_BYTES.items() if n >= 2}  # types weights are cast between
 
 
 def loaded_weight_bytes(file_bytes: int | None, model_config: dict[str, Any] | None, dtype: str | None) -> int | None:
