@@ -20,9 +20,28 @@ from lmi_server.kvcache.planner import EngineFacts, plan_auto
 
 def free_local_port() -> int:
     """A TCP port free on localhost right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_local_ports(1)[0]
+
+
+def free_local_ports(count: int, *, taken: tuple[int, ...] = ()) -> list[int]:
+    """`count` distinct TCP ports free on localhost, none of them in `taken`.
+
+    All sockets stay bound until every port is picked: the OS may hand out a port again as soon
+    as its socket closes, so picking one at a time can return the same port twice."""
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+            if port not in taken and port not in ports:
+                ports.append(port)
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
 
 
 def resolve_config_path(path: Path, model_dir: Path | None) -> Path:
@@ -48,8 +67,10 @@ def build_kvcache_plan(
         raise KVCacheConfigError(
             "option.lmcache_config_file and option.lmcache_auto_config=true exclude each other; keep one"
         )
-    port = options.lmcache_port or free_local_port()
-    metrics_port = options.lmcache_metrics_port or free_local_port()
+    given = tuple(p for p in (options.lmcache_port, options.lmcache_metrics_port) if p)
+    picked = iter(free_local_ports(2 - len(given), taken=given))
+    port = options.lmcache_port or next(picked)
+    metrics_port = options.lmcache_metrics_port or next(picked)
     if metrics_port == port:
         raise KVCacheConfigError("option.lmcache_port and option.lmcache_metrics_port must differ")
     if options.lmcache_config_file is not None:

@@ -50,7 +50,7 @@ def _stream_tokens(server: ServerProcess, result: dict, max_tokens: int) -> None
                     chunks += 1
                     if "streaming" in result:
                         result["streaming"].set()
-                    if '"error"' in line:
+                    if "error" in json.loads(line[6:]):  # an error event, not a token whose text is "error"
                         result["error_event"] = line
                     if '"completion_tokens"' in line:
                         result["tokens"] = json.loads(line[6:])["usage"]["completion_tokens"]

@@ -9,7 +9,7 @@ from lmi_server.kvcache.lmcache import plan_from_config_file
 from lmi_server.kvcache.lmcache_file import load_lmcache_config, parse_lmcache_config
 from lmi_server.config.options import LMCacheOptions
 from lmi_server.kvcache.plan import KVCacheConfigError
-from lmi_server.kvcache.resolve import build_kvcache_plan
+from lmi_server.kvcache.resolve import build_kvcache_plan, free_local_ports
 
 pytestmark = pytest.mark.unit
 
@@ -86,6 +86,25 @@ def test_mp_port_key_sets_the_port(tmp_path):
     assert p.tiers.port == 6000
     assert p.kv_transfer_config["kv_connector_extra_config"]["lmcache.mp.port"] == 6000
     assert p.server_argv[p.server_argv.index("--l1-size-gb") + 1] == "0.5"
+
+
+def test_default_ports_are_picked_together_and_never_equal(monkeypatch, tmp_path):
+    """Picking one port at a time can return the same port twice (the OS reuses a closed socket's port)."""
+    ports = free_local_ports(40, taken=(6000,))
+    assert len(set(ports)) == 40 and 6000 not in ports
+    calls = []
+
+    def pick(count, taken=()):
+        calls.append((count, taken))
+        return [7001, 7002][:count]
+
+    monkeypatch.setattr("lmi_server.kvcache.resolve.free_local_ports", pick)
+    config = write(tmp_path, "max_local_cpu_size: 0.5\n")
+    plan = build_kvcache_plan(LMCacheOptions(lmcache_config_file=config), host=CPU_HOST, check_disk=False)
+    assert calls == [(2, ())] and (plan.tiers.port, plan.tiers.metrics_port) == (7001, 7002)
+    calls.clear()
+    plan = build_kvcache_plan(LMCacheOptions(lmcache_config_file=config, lmcache_port=7002), host=CPU_HOST, check_disk=False)
+    assert calls == [(1, (7002,))] and (plan.tiers.port, plan.tiers.metrics_port) == (7002, 7001)
 
 
 @pytest.mark.parametrize(
