@@ -1,8 +1,13 @@
-"""What does our layer cost? The same demo model served by lmi-server and by vLLM's own server.
+"""What does our layer cost? The same demo model served by lmi-server and by vLLM's own server,
+measured with vLLM's own serving benchmark (`vllm bench serve`).
 
-Both servers run at the same time with identical engine settings; for each concurrency level the
-script alternates between them (A B B A) so that machine noise falls on both alike, and reports
-TTFT (mean, p90), inter-token latency and output tokens/s, plus the ratios lmi-server / vLLM.
+Both servers run at the same time with identical engine settings. For each route
+(`/v1/chat/completions`, `/invocations`) and each concurrency (1, 8, 32) the tool runs against
+them in the order A B B A, so that machine noise falls on both alike, with a pause between runs
+(vLLM's engine keeps polling for a second after its last step). The same seeded random prompts go
+to both. Per-request TTFT and inter-token gaps of the two runs are pooled; the result has TTFT
+mean / p90 / p99, ITL mean / p90, output tokens/s, the ratios lmi-server / vLLM and the load
+average at each run.
 
     python benchmarks/serving_overhead.py [--quick]
 """
@@ -10,34 +15,74 @@ TTFT (mean, p90), inter-token latency and output tokens/s, plus the ratios lmi-s
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import Server, free_port, machine, run_concurrent, save, summarise  # noqa: E402
+from benchmarks.common import REPO, Server, free_port, machine, pct, save  # noqa: E402
 
-PROMPTS = [
-    "def read_config(path):\n    ",
-    "class LRUCache:\n    def __init__(self, capacity):\n        ",
-    "import os\nimport sys\n\ndef main(argv):\n    ",
-    "    for key, value in sorted(items.items()):\n        ",
-]
+ROUTES = {  # route label -> (vLLM bench backend, endpoint)
+    "chat": ("openai-chat", "/v1/chat/completions"),
+    "invocations": ("openai", "/invocations"),
+}
+LEVELS = (1, 8, 32)
+ORDER = ("lmi-server", "vllm", "vllm", "lmi-server")
 
 
-def bodies(model: str, n: int, max_tokens: int) -> list[dict]:
-    return [
-        {"model": model, "prompt": PROMPTS[i % len(PROMPTS)] * 8, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-        for i in range(n)
+def bench_serve(url: str, model: str, backend: str, endpoint: str, *, prompts: int, concurrency: int,
+                input_len: int, output_len: int, out: Path) -> dict:
+    """One `vllm bench serve` run (benchmarks/bench_serve.py); its detailed JSON result."""
+    argv = [
+        sys.executable, str(REPO / "benchmarks" / "bench_serve.py"),
+        "--base-url", url, "--backend", backend, "--endpoint", endpoint, "--model", "demo", "--tokenizer", model,
+        "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+        "--ignore-eos", "--seed", "0", "--disable-tqdm", "--percentile-metrics", "ttft,itl,e2el",
+        "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed",
+        "--result-dir", str(out.parent), "--result-filename", out.name,
     ]
+    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def pooled(runs: list[dict]) -> dict:
+    """Per-request figures of several runs pooled into one row."""
+    ttft = [t for r in runs for t, error in zip(r["ttfts"], r["errors"]) if not error and t > 0]
+    itl = [g for r in runs for gaps in r["itls"] for g in gaps]
+    tokens = sum(r["total_output_tokens"] for r in runs)
+    duration = sum(r["duration"] for r in runs)
+    return {
+        "requests": sum(r["num_prompts"] for r in runs),
+        "failed": sum(r["num_prompts"] - r["completed"] for r in runs),
+        "ttft_mean_s": statistics.fmean(ttft),
+        "ttft_p90_s": pct(ttft, 90),
+        "ttft_p99_s": pct(ttft, 99),
+        "ttft_max_s": max(ttft),
+        "itl_mean_s": statistics.fmean(itl),
+        "itl_p90_s": pct(itl, 90),
+        "output_tokens_per_s": tokens / duration,
+        "load_average_1m": [r["load_average_1m"] for r in runs],
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--pause-s", type=float, default=3.0, help="quiet time between runs")
+    ap.add_argument("--routes", default="chat,invocations")
+    ap.add_argument("--name", default="serving_overhead")
     args = ap.parse_args()
 
     from lmi_server.demo.builder import ensure_demo_model
@@ -51,38 +96,46 @@ def main() -> int:
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "PYTHONHASHSEED": "0"}
     lmi = Server("lmi-server", [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work), "--host", "127.0.0.1", "--port", str(p1 := free_port()), "--log-level", "warning"], p1, "/ping", work / "lmi.log", env)
     vllm = Server("vllm", [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "demo", "--enforce-eager", "--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(p2 := free_port()), "--disable-uvicorn-access-log"], p2, "/health", work / "vllm.log", env)
-    levels = [1, 8, 32]
-    per_level = {1: 8, 8: 32, 32: 64} if not args.quick else {1: 2, 8: 8, 32: 32}
-    rows = []
+    prompts = {1: 4, 8: 16, 32: 32} if args.quick else {1: 24, 8: 64, 32: 128}
+    routes = [r for r in args.routes.split(",") if r]
+    rows, ratios = [], []
+    load_start = os.getloadavg()
     with lmi, vllm:
         servers = {"lmi-server": lmi, "vllm": vllm}
-        for server in servers.values():  # warm-up
-            asyncio.run(run_concurrent(server.url + "/v1/completions", bodies("demo", 4, 8), 4))
-        for c in levels:
-            raw: dict[str, list] = {"lmi-server": [], "vllm": []}
-            walls: dict[str, float] = {"lmi-server": 0.0, "vllm": 0.0}
-            for name in ("lmi-server", "vllm", "vllm", "lmi-server"):
-                res, wall = asyncio.run(run_concurrent(servers[name].url + "/v1/completions", bodies("demo", per_level[c], args.max_tokens), c))
-                raw[name] += res
-                walls[name] += wall
-            for name in servers:
-                row = {"server": name, "concurrency": c, **summarise(raw[name], walls[name])}
-                rows.append(row)
-                print(f"{name:10s} c={c:2d} ttft={row['ttft_mean_s']*1000:7.1f} ms p90={row['ttft_p90_s']*1000:7.1f} ms "
-                      f"itl={row['itl_mean_s']*1000:6.2f} ms tok/s={row['output_tokens_per_s']:7.1f} failed={row['failed']}")
+        for name, server in servers.items():  # warm-up: every batch size the runs will see
+            backend, endpoint = ROUTES["chat"]
+            bench_serve(server.url, model, backend, endpoint, prompts=64, concurrency=32, input_len=args.input_len,
+                        output_len=8, out=work / f"warmup-{name}.json")
+        for route in routes:
+            backend, endpoint = ROUTES[route]
+            for c in LEVELS:
+                runs: dict[str, list[dict]] = {"lmi-server": [], "vllm": []}
+                for i, name in enumerate(ORDER):
+                    time.sleep(args.pause_s)
+                    load = os.getloadavg()[0]
+                    result = bench_serve(servers[name].url, model, backend, endpoint, prompts=prompts[c], concurrency=c,
+                                         input_len=args.input_len, output_len=args.output_len, out=work / f"{route}-{c}-{i}-{name}.json")
+                    result["load_average_1m"] = load
+                    runs[name].append(result)
+                for name in servers:
+                    row = {"route": route, "server": name, "concurrency": c, **pooled(runs[name])}
+                    rows.append(row)
+                    print(f"{route:11s} {name:10s} c={c:2d} ttft={row['ttft_mean_s']*1000:7.1f} ms p90={row['ttft_p90_s']*1000:7.1f} ms "
+                          f"max={row['ttft_max_s']*1000:7.1f} ms itl={row['itl_mean_s']*1000:6.2f} ms tok/s={row['output_tokens_per_s']:7.1f} "
+                          f"failed={row['failed']}", flush=True)
+                a, b = rows[-2], rows[-1]
+                ratios.append({
+                    "route": route, "concurrency": c,
+                    **{f"{k[:-2]}_ratio": a[k] / b[k] for k in ("ttft_mean_s", "ttft_p90_s", "itl_mean_s", "output_tokens_per_s")},
+                })
         starts = {name: s.start_s for name, s in servers.items()}
-    ratios = []
-    for c in levels:
-        a = next(r for r in rows if r["server"] == "lmi-server" and r["concurrency"] == c)
-        b = next(r for r in rows if r["server"] == "vllm" and r["concurrency"] == c)
-        ratios.append({
-            "concurrency": c,
-            "ttft_mean_ratio": a["ttft_mean_s"] / b["ttft_mean_s"],
-            "itl_mean_ratio": a["itl_mean_s"] / b["itl_mean_s"],
-            "throughput_ratio": a["output_tokens_per_s"] / b["output_tokens_per_s"],
-        })
-    doc = {"benchmark": "serving_overhead", "machine": machine(), "max_tokens": args.max_tokens, "server_start_s": starts, "rows": rows, "ratios_lmi_over_vllm": ratios}
-    path = save("serving_overhead", doc)
+    doc = {
+        "benchmark": "serving_overhead", "tool": "vllm bench serve (benchmarks/bench_serve.py)", "machine": machine(),
+        "load_average_at_start": load_start, "load_average_at_end": os.getloadavg(),
+        "input_len": args.input_len, "output_len": args.output_len, "order": ORDER, "server_start_s": starts,
+        "rows": rows, "ratios_lmi_over_vllm": ratios,
+    }
+    path = save(args.name, doc)
     plot(doc, path.with_suffix(".png"))
     print("wrote", path)
     return 0
@@ -94,21 +147,23 @@ def plot(doc: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for ax, key, label, scale in (
-        (axes[0], "ttft_mean_s", "mean TTFT (ms)", 1000),
-        (axes[1], "itl_mean_s", "mean inter-token latency (ms)", 1000),
-        (axes[2], "output_tokens_per_s", "output tokens/s", 1),
-    ):
-        for name, marker in (("lmi-server", "o"), ("vllm", "s")):
-            pts = [(r["concurrency"], r[key] * scale) for r in doc["rows"] if r["server"] == name]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent streaming clients")
-        ax.set_title(label)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("lmi-server vs vLLM's own server, demo model, same engine settings")
+    routes = sorted({r["route"] for r in doc["rows"]}, key=list(ROUTES).index)
+    metrics = (("ttft_mean_s", "mean TTFT (ms)", 1000), ("ttft_p90_s", "TTFT p90 (ms)", 1000),
+               ("itl_mean_s", "mean inter-token latency (ms)", 1000), ("output_tokens_per_s", "output tokens/s", 1))
+    fig, axes = plt.subplots(len(routes), len(metrics), figsize=(16, 3.6 * len(routes)), squeeze=False)
+    for row_axes, route in zip(axes, routes):
+        for ax, (key, label, scale) in zip(row_axes, metrics):
+            for name, marker in (("lmi-server", "o"), ("vllm", "s")):
+                pts = [(r["concurrency"], r[key] * scale) for r in doc["rows"] if r["server"] == name and r["route"] == route]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent streaming clients")
+            ax.set_title(f"{route}: {label}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend()
+    load = doc["load_average_at_start"][0], doc["load_average_at_end"][0]
+    fig.suptitle(f"lmi-server vs vLLM's own server, vllm bench serve, demo model, same engine settings "
+                 f"(load average {load[0]:.1f} -> {load[1]:.1f})")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

@@ -18,6 +18,7 @@ from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lmi_server.config import host
 from lmi_server.config.schema import ServingConfig
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,19 @@ TELEMETRY_OFF_ENV = {
 }
 
 
-def engine_environment(cfg: ServingConfig) -> dict[str, str]:
-    """Environment the engine processes need, derived from the config (applied by `Runtime.apply_environment`)."""
+# vLLM's CPU linear layers keep their own oneDNN primitives, at most 32 per weight shape. oneDNN's
+# process-wide cache (1,024 entries by default) holds a second copy of each, one per batch size
+# seen, so the engine worker grew by ~330 MB in a 5-minute 64-client soak; with it off the worker
+# grew 52 MB and served as many requests (benchmarks/results/soak_no_lmcache*.json).
+CPU_ENGINE_ENV = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
+
+
+def engine_environment(cfg: ServingConfig, *, gpus: int | None = None) -> dict[str, str]:
+    """Environment the engine processes need, derived from the config and the host (applied by
+    `Runtime.apply_environment`, where a variable the user set wins)."""
     env = dict(TELEMETRY_OFF_ENV)
+    if (host.gpu_count() if gpus is None else gpus) == 0:
+        env.update(CPU_ENGINE_ENV)
     if cfg.server.cpu_kv_cache_space is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.server.cpu_kv_cache_space)
     env.setdefault("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))

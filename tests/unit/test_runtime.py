@@ -95,3 +95,20 @@ def test_weights_served_in_another_float_type_are_counted_at_their_loaded_size()
     assert loaded_weight_bytes(100, {"torch_dtype": "bfloat16"}, None) == 100  # the model's own dtype
     assert loaded_weight_bytes(100, {}, "float32") == 100  # unknown storage: the files' size
     assert loaded_weight_bytes(None, {"torch_dtype": "bfloat16"}, "float32") is None
+
+
+def test_cpu_engines_run_without_onednn_global_primitive_cache(tmp_path, monkeypatch):
+    """The cache that made the CPU worker grow through a soak is off on CPU hosts; a user's value wins."""
+    from lmi_server.engine import engine_environment
+
+    cfg = build_serving_config({"option.max_model_len": "1024"}, model_dir(tmp_path))
+    assert engine_environment(cfg, gpus=0)["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in engine_environment(cfg, gpus=1)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    monkeypatch.setattr("lmi_server.engine.host.gpu_count", lambda: 0)
+    runtime = resolve_runtime(cfg, build_demo=False)
+    assert runtime.env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
+    runtime.apply_environment()
+    import os
+
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
