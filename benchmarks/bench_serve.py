@@ -15,7 +15,8 @@ import sys
 
 def main() -> None:
     from vllm.benchmarks.lib import endpoint_request_func
-    from vllm.entrypoints.cli.main import main as vllm_main
+    from vllm.benchmarks.serve import add_cli_args, main as bench_serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     check = endpoint_request_func._validate_api_url
 
@@ -25,8 +26,9 @@ def main() -> None:
         check(api_url, api_name, expected_suffixes)
 
     endpoint_request_func._validate_api_url = validate
-    sys.argv = ["vllm", "bench", "serve", *sys.argv[1:]]
-    vllm_main()
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    bench_serve(parser.parse_args(sys.argv[1:]))
 
 
 if __name__ == "__main__":

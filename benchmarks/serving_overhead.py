@@ -5,7 +5,8 @@ Both servers run at the same time with identical engine settings. For each route
 (`/v1/chat/completions`, `/invocations`) and each concurrency (1, 8, 32) the tool runs against
 them in the order A B B A, so that machine noise falls on both alike, with a pause between runs
 (vLLM's engine keeps polling for a second after its last step). The same seeded random prompts go
-to both. Per-request TTFT and inter-token gaps of the two runs are pooled; the result has TTFT
+to both: each pair of runs (A B, then B A) gets its own seed, so that no server ever sees a prompt
+twice and every TTFT includes a full prefill. Per-request TTFT and inter-token gaps of the two runs are pooled; the result has TTFT
 mean / p90 / p99, ITL mean / p90, output tokens/s, the ratios lmi-server / vLLM and the load
 average at each run.
 
@@ -37,14 +38,14 @@ ORDER = ("lmi-server", "vllm", "vllm", "lmi-server")
 
 
 def bench_serve(url: str, model: str, backend: str, endpoint: str, *, prompts: int, concurrency: int,
-                input_len: int, output_len: int, out: Path) -> dict:
+                input_len: int, output_len: int, seed: int, out: Path) -> dict:
     """One `vllm bench serve` run (benchmarks/bench_serve.py); its detailed JSON result."""
     argv = [
         sys.executable, str(REPO / "benchmarks" / "bench_serve.py"),
         "--base-url", url, "--backend", backend, "--endpoint", endpoint, "--model", "demo", "--tokenizer", model,
         "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
         "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-        "--ignore-eos", "--seed", "0", "--disable-tqdm", "--percentile-metrics", "ttft,itl,e2el",
+        "--ignore-eos", "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,itl,e2el",
         "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed",
         "--result-dir", str(out.parent), "--result-filename", out.name,
     ]
@@ -73,6 +74,14 @@ def pooled(runs: list[dict]) -> dict:
         "output_tokens_per_s": tokens / duration,
         "load_average_1m": [r["load_average_1m"] for r in runs],
     }
+
+
+RATIOS = {"ttft_mean": "ttft_mean_s", "ttft_p90": "ttft_p90_s", "itl_mean": "itl_mean_s", "throughput": "output_tokens_per_s"}
+
+
+def ratio_row(route: str, concurrency: int, lmi: dict, vllm: dict) -> dict:
+    """lmi-server / vLLM for each headline figure (below 1 is better for latencies, above 1 for throughput)."""
+    return {"route": route, "concurrency": concurrency, **{f"{name}_ratio": lmi[key] / vllm[key] for name, key in RATIOS.items()}}
 
 
 def main() -> int:
@@ -105,7 +114,8 @@ def main() -> int:
         for name, server in servers.items():  # warm-up: every batch size the runs will see
             backend, endpoint = ROUTES["chat"]
             bench_serve(server.url, model, backend, endpoint, prompts=64, concurrency=32, input_len=args.input_len,
-                        output_len=8, out=work / f"warmup-{name}.json")
+                        output_len=8, seed=0, out=work / f"warmup-{name}.json")
+        seed = 1
         for route in routes:
             backend, endpoint = ROUTES[route]
             for c in LEVELS:
@@ -114,20 +124,18 @@ def main() -> int:
                     time.sleep(args.pause_s)
                     load = os.getloadavg()[0]
                     result = bench_serve(servers[name].url, model, backend, endpoint, prompts=prompts[c], concurrency=c,
-                                         input_len=args.input_len, output_len=args.output_len, out=work / f"{route}-{c}-{i}-{name}.json")
+                                         input_len=args.input_len, output_len=args.output_len, seed=seed + i // 2,
+                                         out=work / f"{route}-{c}-{i}-{name}.json")
                     result["load_average_1m"] = load
                     runs[name].append(result)
+                seed += 2
                 for name in servers:
                     row = {"route": route, "server": name, "concurrency": c, **pooled(runs[name])}
                     rows.append(row)
                     print(f"{route:11s} {name:10s} c={c:2d} ttft={row['ttft_mean_s']*1000:7.1f} ms p90={row['ttft_p90_s']*1000:7.1f} ms "
                           f"max={row['ttft_max_s']*1000:7.1f} ms itl={row['itl_mean_s']*1000:6.2f} ms tok/s={row['output_tokens_per_s']:7.1f} "
                           f"failed={row['failed']}", flush=True)
-                a, b = rows[-2], rows[-1]
-                ratios.append({
-                    "route": route, "concurrency": c,
-                    **{f"{k[:-2]}_ratio": a[k] / b[k] for k in ("ttft_mean_s", "ttft_p90_s", "itl_mean_s", "output_tokens_per_s")},
-                })
+                ratios.append(ratio_row(route, c, rows[-2], rows[-1]))
         starts = {name: s.start_s for name, s in servers.items()}
     doc = {
         "benchmark": "serving_overhead", "tool": "vllm bench serve (benchmarks/bench_serve.py)", "machine": machine(),
