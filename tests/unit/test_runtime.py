@@ -108,7 +108,10 @@ def test_cpu_engines_run_without_onednn_global_primitive_cache(tmp_path, monkeyp
     monkeypatch.setattr("lmi_server.engine.host.gpu_count", lambda: 0)
     runtime = resolve_runtime(cfg, build_demo=False)
     assert runtime.env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
-    runtime.apply_environment()
     import os
 
+    before = set(os.environ)
+    runtime.apply_environment()
+    for key in set(os.environ) - before:  # leave the test process's environment as it was
+        os.environ.pop(key)
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
