@@ -1,10 +1,11 @@
-"""LMCache's CPU hit path on a CPU host: pickled hits (LMCache's default) vs a /dev/shm CPU tier.
+"""LMCache's CPU hit path on a CPU host: pickled hits vs a /dev/shm CPU tier (the default where it fits).
 
-On CPU hosts LMCache's MP server runs in engine_driven transfer mode. By default every hit is
-handed to the engine's worker as a pickle over ZMQ: the server clones each chunk and pickles the
-list, the worker unpickles it and copies it into its paged KV cache. With `--shm-name` (our
-LMCache file key `mp_shm: true`) the CPU tier lives in a /dev/shm segment that the worker maps,
-so a hit is one copy from the segment into the paged KV cache.
+On CPU hosts LMCache's MP server runs in engine_driven transfer mode. Without shared memory every
+hit is handed to the engine's worker as a pickle over ZMQ: the server clones each chunk and
+pickles the list, the worker unpickles it and copies it into its paged KV cache. With
+`--shm-name` (our LMCache file key `mp_shm`, on by default when /dev/shm can hold the tier) the CPU
+tier lives in a /dev/shm segment that the worker maps, so a hit is one copy from the segment into
+the paged KV cache.
 
 Same model, documents and probes as benchmarks/long_doc_qa.py, small scale (5 documents, engine
 KV of 128 MiB so that they leave vLLM's cache), once per mode, one after the other:

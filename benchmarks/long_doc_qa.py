@@ -155,7 +155,7 @@ def write_server_dir(work: Path, name: str, model: Path, args, disk_dir: Path) -
         "option.enable_prefix_caching": "true",
         "option.max_request_bytes": str(4 * 1024 * 1024),
     }
-    shm = "mp_shm: true\n" if args.shm else ""
+    shm = f"mp_shm: {'true' if args.shm else 'false'}\n"  # explicit: the default depends on /dev/shm
     if name == "lmcache-cpu":
         (d / "lmcache.yaml").write_text(
             f"chunk_size: {args.chunk_size}\nlocal_cpu: true\nmax_local_cpu_size: {args.cpu_tier_gib}\ncache_policy: LRU\n{shm}"
@@ -380,7 +380,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--disk-settle-s", type=float, default=5.0)
     ap.add_argument("--chunk-size", type=int, default=256)
     ap.add_argument("--shm", action=argparse.BooleanOptionalAction, default=True,
-                    help="mp_shm: true in the LMCache files (CPU tier in /dev/shm; --no-shm: LMCache's default, pickled hits)")
+                    help="mp_shm: true in the LMCache files (CPU tier in /dev/shm); --no-shm: mp_shm: false (pickled hits)")
     ap.add_argument("--probes", type=int, default=5, help="hit-path probe requests per configuration")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--hidden-size", type=int, default=512)

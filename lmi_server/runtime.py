@@ -230,6 +230,24 @@ def _model_config(model_path: str) -> tuple[Path | None, dict[str, Any] | None]:
     return None, None
 
 
+def longest_sequence_kv_bytes(model_config: dict[str, Any] | None, engine_args: dict[str, Any]) -> int | None:
+    """KV bytes of one max_model_len sequence (all layers), or None when the model is not local
+    or its config is not one the footprint knows."""
+    from lmi_server.kvcache.footprint import kv_footprint
+
+    if model_config is None:
+        return None
+    kv_dtype = engine_args.get("kv_cache_dtype")
+    if not kv_dtype or kv_dtype == "auto":
+        kv_dtype = engine_args.get("dtype")  # the KV follows the engine's dtype (fp32 on some CPUs)
+    try:
+        fp = kv_footprint(model_config, str(kv_dtype) if kv_dtype else None)
+    except (KeyError, TypeError, ValueError):
+        return None
+    max_len = engine_args.get("max_model_len") or model_config.get("max_position_embeddings") or 4096
+    return int(max_len) * fp.bytes_per_token
+
+
 def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePlan:
     """The LMCache plan (file, auto, or off); any problem is a start-up error naming the key."""
     from lmi_server.kvcache.host import GIB, CacheDirError, probe_host
@@ -261,6 +279,9 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
                 engine_kv_cache_bytes=kv_bytes or engine_args.get("kv_cache_memory_bytes"),
                 kv_cache_dtype=engine_args.get("kv_cache_dtype"),
             )
-        return build_kvcache_plan(opts, host=host, engine=engine, model_config=model_config, model_dir=cfg.model_dir)
+        return build_kvcache_plan(
+            opts, host=host, engine=engine, model_config=model_config, model_dir=cfg.model_dir,
+            max_transfer_bytes=longest_sequence_kv_bytes(model_config, engine_args),
+        )
     except (KVCacheConfigError, CacheDirError) as exc:
         raise ConfigError([str(exc)]) from exc

@@ -53,6 +53,8 @@ class HostFacts:
     model_weight_source: str = "unknown"
     tensor_parallel: int = 1
     notes: tuple[str, ...] = field(default_factory=tuple)
+    shm_free_bytes: int | None = None
+    """Free space in /dev/shm (where the CPU tier can live, `mp_shm`); None when there is none."""
 
     @property
     def platform(self) -> str:
@@ -129,6 +131,15 @@ def safetensors_bytes(model_dir: Path | None) -> int | None:
     return sum(sizes) if sizes else None
 
 
+def shm_free_bytes(path: str = "/dev/shm") -> int | None:
+    """Bytes an unprivileged process can still write to /dev/shm, or None without one."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def probe_host(
     *,
     model_dir: Path | None = None,
@@ -152,6 +163,7 @@ def probe_host(
         model_weight_bytes=weights,
         model_weight_source=source,
         tensor_parallel=tensor_parallel,
+        shm_free_bytes=shm_free_bytes(),
     )
 
 

@@ -24,6 +24,7 @@ can register; without it the worker hangs 300 s in register_kv_caches), `lmcache
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -43,6 +44,9 @@ from lmi_server.kvcache.plan import (
 MP_SERVER_MODULE = "lmcache.v1.multiprocess.server"
 MP_CONNECTOR = "LMCacheMPConnector"
 MP_CONNECTOR_MODULE = "lmcache.integration.vllm.lmcache_mp_connector"
+# CPU hosts: the same connector with a guard for unanswered stores (lmi_server/kvcache/connector.py).
+GUARDED_MP_CONNECTOR = "GuardedLMCacheMPConnector"
+GUARDED_MP_CONNECTOR_MODULE = "lmi_server.kvcache.connector"
 INPROCESS_CONNECTOR = "LMCacheConnectorV1"
 
 # ---------------------------------------------------------------------------------------------
@@ -61,6 +65,7 @@ def tiers_from_config(
     metrics_port: int,
     platform: Platform,
     check_disk: bool = True,
+    shm_free_bytes: int | None = None,
 ) -> tuple[CacheTiers, list[str], list[str]]:
     """Turn a validated file config into `CacheTiers`. Returns (tiers, reasons, warnings).
 
@@ -96,18 +101,15 @@ def tiers_from_config(
     if remote is not None:
         reasons.append(f"remote tier {remote.redacted_url()} via LMCache's resp (Redis protocol) L2 adapter")
     mode = transfer_mode_for(platform)
-    if cfg.mp_shm:
-        if mode == "engine_driven":
-            reasons.append("CPU tier in /dev/shm (mp_shm): engine workers copy hits from it directly, no pickling")
-        else:
-            warnings.append("mp_shm applies to engine_driven transfer (CPU hosts) only; ignored on CUDA")
+    l1_bytes = int(cfg.max_local_cpu_size * GIB)
+    shm = choose_shm(cfg.mp_shm, mode, l1_bytes, shm_free_bytes, reasons, warnings)
     reasons.append(
         f"transfer mode {mode}: "
         + ("CUDA host, zero-copy IPC" if platform == "cuda" else "CPU host, the only mode the CPU engine can register")
     )
     tiers = CacheTiers(
         chunk_size=cfg.chunk_size,
-        l1_bytes=int(cfg.max_local_cpu_size * GIB),
+        l1_bytes=l1_bytes,
         eviction_policy=cfg.cache_policy,
         disk=disk,
         remote=remote,
@@ -115,8 +117,51 @@ def tiers_from_config(
         port=cfg.mp_port or port,
         metrics_port=metrics_port,
         transfer_mode=mode,
+        shm=shm,
     )
     return tiers, reasons, warnings
+
+
+def choose_shm(
+    requested: bool | None,
+    transfer_mode: TransferMode,
+    l1_bytes: int,
+    shm_free_bytes: int | None,
+    reasons: list[str],
+    warnings: list[str],
+) -> bool:
+    """Whether the CPU tier goes into /dev/shm (`mp_shm`; None = decide from the free space).
+
+    Shared memory makes a hit a memory copy in the worker instead of clone, pickle, ZMQ, unpickle
+    (0.1 -> 1.5-2.5 GB/s in benchmarks/kv_hit_path.py), so it is the default on CPU hosts wherever
+    /dev/shm can hold the whole tier; a container's default /dev/shm (64 MiB in Docker) cannot."""
+    if transfer_mode != "engine_driven":
+        if requested:
+            warnings.append("mp_shm applies to engine_driven transfer (CPU hosts) only; ignored on CUDA")
+        return False
+    if requested is False:
+        reasons.append("mp_shm: false: hits are pickled over ZMQ (about 0.1 GB/s)")
+        return False
+    fits = shm_free_bytes is not None and shm_free_bytes >= l1_bytes
+    free = "unknown" if shm_free_bytes is None else f"{shm_free_bytes / GIB:.1f} GiB"
+    if fits:
+        reasons.append(
+            f"CPU tier in /dev/shm ({free} free{'' if requested else ', mp_shm default'}): "
+            "engine workers copy hits from it directly, no pickling"
+        )
+        return True
+    if requested:
+        warnings.append(
+            f"mp_shm: true but /dev/shm has {free} free for a {l1_bytes / GIB:g} GiB CPU tier: hits are "
+            "pickled over ZMQ instead; give /dev/shm more room (docker run --shm-size=...)"
+        )
+        return False
+    warnings.append(
+        f"/dev/shm has {free} free, less than the {l1_bytes / GIB:g} GiB CPU tier: hits are pickled over ZMQ "
+        "(about 0.1 GB/s instead of 1.5-2.5 GB/s); give /dev/shm the tier's size (docker run --shm-size=...) "
+        "or set mp_shm: false to silence this"
+    )
+    return False
 
 
 def _gib_arg(n_bytes: int) -> str:
@@ -147,8 +192,8 @@ def remote_secret_env(tiers: CacheTiers) -> dict[str, str]:
     return env
 
 
-def mp_server_argv(tiers: CacheTiers, python: str | None = None, *, shm: bool = False) -> list[str]:
-    """The full command line of the LMCache MP server for these tiers (`shm`: the file's mp_shm)."""
+def mp_server_argv(tiers: CacheTiers, python: str | None = None) -> list[str]:
+    """The full command line of the LMCache MP server for these tiers."""
     argv = [
         python or sys.executable, "-m", MP_SERVER_MODULE,
         "--host", tiers.host,
@@ -159,12 +204,11 @@ def mp_server_argv(tiers: CacheTiers, python: str | None = None, *, shm: bool = 
         "--supported-transfer-mode", tiers.transfer_mode,
         "--prometheus-port", str(tiers.metrics_port),
     ]
-    if shm and tiers.transfer_mode == "engine_driven":
+    if tiers.shm and tiers.transfer_mode == "engine_driven":
         # Put the CPU tier in a POSIX shared-memory segment: the engine's workers then copy KV
         # straight between the segment and their paged KV cache. Without it LMCache pickles every
         # hit over ZMQ (clone, pickle, send, unpickle, copy). One name per port and serving
         # process: a restarted server reclaims it; the supervisor unlinks it at stop.
-        # LMCache itself falls back to pickle when /dev/shm is smaller than the tier.
         argv += ["--shm-name", shm_segment_name(tiers.port)]
     for spec in l2_adapter_specs(tiers):
         argv += ["--l2-adapter", json.dumps(spec, separators=(",", ":"))]
@@ -178,22 +222,57 @@ def shm_segment_name(port: int, instance: int | None = None) -> str:
     return f"lmcache_mp_{port}_{os.getpid() if instance is None else instance}"
 
 
-def mp_kv_transfer_config(tiers: CacheTiers) -> dict[str, Any]:
-    """kwargs for `vllm.config.KVTransferConfig` that point vLLM at the MP server.
+# How fast the vLLM connector gives up on a dead cache server (engine_driven transfer). Its
+# worker moves KV inside the engine step with blocking RPCs that each wait up to `mq_timeout`
+# (LMCache's default: 300 s), and it stops sending them only once its health ping (default every
+# 10 s, with a 10 s timeout) has failed; the cache server drops an RPC it cannot serve (one sent
+# before the connector re-registered with a restarted server) without an answer. With the
+# defaults a SIGKILLed cache server stalled every request for 10-20 s, or hung the worker for
+# 300 s. The ping runs every second and an RPC waits as long as the largest transfer can take
+# at a pessimistic pickle rate (a whole max_model_len sequence of KV at 50 MB/s; measured here:
+# 100 MB/s under load, more when quiet), at least 2 s; 30 s when the model's KV size is unknown.
+HEARTBEAT_INTERVAL_S = 1.0
+MQ_TIMEOUT_FLOOR_S = 2.0
+MQ_TIMEOUT_UNKNOWN_S = 30.0
+PICKLE_RATE_FLOOR_BPS = 50e6
 
-    The connector's health ping stays at LMCache's default (every 10 s): lookups sent to a dead
-    cache server wait for a failed ping, so a cache-server crash stalls new requests for up to
-    ~20 s (15 s in benchmarks/results/soak.json). A 1 s ping cut that to ~1 s, but in a soak the
-    engine worker then hung in a store issued to the restarted server before the connector had
-    re-registered its KV caches (LMCache 0.5.6: "non-GPU context not registered"), until vLLM's
-    5-minute RPC timeout killed the engine."""
+
+def connector_timeouts(tiers: CacheTiers, max_transfer_bytes: int | None) -> tuple[dict[str, float], str | None]:
+    """The connector's `lmcache.mp.*` timing keys for these tiers, and the reason for them.
+
+    `max_transfer_bytes`: the KV of the longest sequence (max_model_len x bytes per token), when
+    the model's config is known; with the CPU tier in /dev/shm the RPCs carry slot numbers, not KV.
+    CUDA hosts (lmcache_driven: transfers do not go through these RPCs) keep LMCache's defaults."""
+    if tiers.transfer_mode != "engine_driven":
+        return {}, None
+    if tiers.shm:
+        mq, why = MQ_TIMEOUT_FLOOR_S, "the KV moves through /dev/shm, the RPCs carry only slot numbers"
+    elif max_transfer_bytes is None:
+        mq, why = MQ_TIMEOUT_UNKNOWN_S, "the model's KV size is unknown"
+    else:
+        mq = max(MQ_TIMEOUT_FLOOR_S, float(math.ceil(max_transfer_bytes / PICKLE_RATE_FLOOR_BPS)))
+        why = f"the longest sequence's KV is {max_transfer_bytes / 1e6:,.0f} MB, at >= {PICKLE_RATE_FLOOR_BPS / 1e6:g} MB/s"
+    keys = {"lmcache.mp.heartbeat_interval": HEARTBEAT_INTERVAL_S, "lmcache.mp.mq_timeout": mq}
+    reason = (
+        f"connector health ping every {HEARTBEAT_INTERVAL_S:g} s and RPC timeout {mq:g} s ({why}): "
+        "a dead cache server costs requests seconds, not LMCache's 10-20 s (or 300 s)"
+    )
+    return keys, reason
+
+
+def mp_kv_transfer_config(tiers: CacheTiers, max_transfer_bytes: int | None = None) -> dict[str, Any]:
+    """kwargs for `vllm.config.KVTransferConfig` that point vLLM at the MP server (with the
+    connector's timing from `connector_timeouts`)."""
+    timing, _ = connector_timeouts(tiers, max_transfer_bytes)
+    guarded = tiers.transfer_mode == "engine_driven"
     return {
-        "kv_connector": MP_CONNECTOR,
+        "kv_connector": GUARDED_MP_CONNECTOR if guarded else MP_CONNECTOR,
         "kv_role": "kv_both",
-        "kv_connector_module_path": MP_CONNECTOR_MODULE,
+        "kv_connector_module_path": GUARDED_MP_CONNECTOR_MODULE if guarded else MP_CONNECTOR_MODULE,
         "kv_connector_extra_config": {
             "lmcache.mp.host": f"tcp://{tiers.host}",
             "lmcache.mp.port": tiers.port,
+            **timing,
         },
     }
 
@@ -249,6 +328,8 @@ def plan_from_config_file(
     python: str | None = None,
     check_disk: bool = True,
     available_ram_bytes: int | None = None,
+    max_transfer_bytes: int | None = None,
+    shm_free_bytes: int | None = None,
 ) -> KVCachePlan:
     """`option.lmcache_config_file` → KVCachePlan (MP server argv + KVTransferConfig, or in-process)."""
     cfg = load_lmcache_config(path)
@@ -265,15 +346,19 @@ def plan_from_config_file(
             source="config_file",
         )
     tiers, reasons, warnings = tiers_from_config(
-        cfg, port=port, metrics_port=metrics_port, platform=platform, check_disk=check_disk
+        cfg, port=port, metrics_port=metrics_port, platform=platform, check_disk=check_disk,
+        shm_free_bytes=shm_free_bytes,
     )
     if available_ram_bytes is not None:
         check_l1_fits_ram(tiers.l1_bytes, available_ram_bytes, platform, warnings)
     reasons.insert(0, f"LMCache MP server configured from {path}" + (" (mode auto = mp)" if mode == "auto" else ""))
+    _, timing_reason = connector_timeouts(tiers, max_transfer_bytes)
+    if timing_reason:
+        reasons.append(timing_reason)
     return KVCachePlan(
         mode="mp",
-        kv_transfer_config=mp_kv_transfer_config(tiers),
-        server_argv=mp_server_argv(tiers, python, shm=cfg.mp_shm),
+        kv_transfer_config=mp_kv_transfer_config(tiers, max_transfer_bytes),
+        server_argv=mp_server_argv(tiers, python),
         env=env,
         secret_env=remote_secret_env(tiers),
         reasons=reasons,

@@ -44,11 +44,11 @@ class LMCacheFileConfig(BaseModel):
     cache_policy: Literal["LRU", "ARC"] = Field("LRU", description="Eviction policy of the CPU tier.")
     mp_host: str | None = Field(None, description="Host the MP server binds (default localhost).")
     mp_port: int | None = Field(None, ge=1, le=65535, description="Port of the MP server.")
-    mp_shm: bool = Field(
-        False,
+    mp_shm: bool | None = Field(
+        None,
         description="CPU hosts (engine_driven transfer): keep the CPU tier in a /dev/shm segment that the "
-        "engine's workers copy from directly, instead of pickling every hit over ZMQ. Needs /dev/shm at "
-        "least as large as max_local_cpu_size (LMCache falls back to pickling otherwise).",
+        "engine's workers copy from directly, instead of pickling every hit over ZMQ. Unset: on when "
+        "/dev/shm has max_local_cpu_size free, else off with a warning; true/false force it.",
     )
     extra_config: ExtraConfig = Field(default_factory=ExtraConfig)
 

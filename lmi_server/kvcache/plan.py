@@ -55,6 +55,8 @@ class CacheTiers:
     port: int
     metrics_port: int
     transfer_mode: TransferMode
+    shm: bool = False
+    """The CPU tier lives in a /dev/shm segment that engine workers copy from (engine_driven only)."""
 
 
 @dataclass

@@ -30,6 +30,8 @@ from typing import Any
 from lmi_server.kvcache.footprint import KVFootprint, kv_footprint
 from lmi_server.kvcache.host import GIB, CacheDirError, HostFacts, check_cache_dir
 from lmi_server.kvcache.lmcache import (
+    choose_shm,
+    connector_timeouts,
     inprocess_kv_transfer_config,
     mp_kv_transfer_config,
     mp_server_argv,
@@ -260,6 +262,8 @@ def plan_auto(
             else:
                 reasons.append("no disk tier: no free disk left after the reserve")
 
+    transfer_mode = transfer_mode_for(platform)
+    shm = mode == "mp" and choose_shm(None, transfer_mode, l1, host.shm_free_bytes, reasons, warnings)
     tiers = CacheTiers(
         chunk_size=DEFAULT_CHUNK_SIZE,
         l1_bytes=l1,
@@ -269,7 +273,8 @@ def plan_auto(
         host="localhost",
         port=port,
         metrics_port=metrics_port,
-        transfer_mode=transfer_mode_for(platform),
+        transfer_mode=transfer_mode,
+        shm=shm,
     )
     reasons.append(f"transfer mode {tiers.transfer_mode} ({platform} host), chunk size {DEFAULT_CHUNK_SIZE} tokens")
     if mode == "inprocess":
@@ -278,8 +283,12 @@ def plan_auto(
             mode="inprocess", kv_transfer_config=inprocess_kv_transfer_config(), server_argv=None,
             env=env, reasons=reasons, source="auto", tiers=tiers, warnings=warnings,
         )
+    max_transfer = engine.max_model_len * fp.bytes_per_token
+    _, timing_reason = connector_timeouts(tiers, max_transfer)
+    if timing_reason:
+        reasons.append(timing_reason)
     return KVCachePlan(
-        mode="mp", kv_transfer_config=mp_kv_transfer_config(tiers), server_argv=mp_server_argv(tiers, python),
+        mode="mp", kv_transfer_config=mp_kv_transfer_config(tiers, max_transfer), server_argv=mp_server_argv(tiers, python),
         env=env, reasons=reasons, source="auto", tiers=tiers, warnings=warnings,
     )
 

@@ -59,10 +59,13 @@ def build_kvcache_plan(
     model_dir: Path | None = None,
     python: str | None = None,
     check_disk: bool = True,
+    max_transfer_bytes: int | None = None,
 ) -> KVCachePlan:
     """Resolve the LMCache options into a plan (no process is started, no env is changed).
 
-    `engine` and `model_config` are needed only for `lmcache_auto_config`."""
+    `engine` and `model_config` are needed only for `lmcache_auto_config`; `max_transfer_bytes`
+    (the longest sequence's KV, when the model is known) sizes the connector's RPC timeout for a
+    config file's plan (the auto plan computes it)."""
     if options.lmcache_config_file is not None and options.lmcache_auto_config:
         raise KVCacheConfigError(
             "option.lmcache_config_file and option.lmcache_auto_config=true exclude each other; keep one"
@@ -85,6 +88,8 @@ def build_kvcache_plan(
             python=python,
             check_disk=check_disk,
             available_ram_bytes=host.available_ram_bytes,
+            max_transfer_bytes=max_transfer_bytes,
+            shm_free_bytes=host.shm_free_bytes,
         )
     if options.lmcache_auto_config:
         if engine is None or model_config is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sysconfig
+import threading
 import time
 from pathlib import Path
 
@@ -126,3 +127,38 @@ def test_cache_server_killed_mid_traffic_recovers_and_hits_from_disk(lmcache_ser
     assert again["choices"][0]["text"] == reference["choices"][0]["text"]
     assert l2_hits > 0
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_cache_server_killed_while_kv_is_being_stored_fails_no_request(lmcache_server):
+    """Kill the cache server while several long prompts are in prefill, their KV being stored: the
+    connector drops the stores it gets no answer for, and every request completes (recomputed)."""
+    cmdline = " ".join(psutil.Process(cache_server_pid(lmcache_server)).cmdline())
+    shm_free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize if os.path.isdir("/dev/shm") else 0
+    # the 1 GiB CPU tier goes into /dev/shm by default wherever it fits
+    assert ("--shm-name" in cmdline) == (shm_free >= 2**30)
+    sources = ["argparse.py", "typing.py", "inspect.py", "dataclasses.py", "pathlib.py", "subprocess.py"]
+    prompts = [Path(sysconfig.get_paths()["stdlib"], name).read_text()[2000:8000] for name in sources]
+    results: list = [None] * len(prompts)
+
+    def send(i: int) -> None:
+        try:
+            results[i] = complete(lmcache_server, prompts[i], 16)
+        except AssertionError as exc:  # a non-200 answer
+            results[i] = exc
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(prompts))]
+    before = metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total")
+    for t in threads:
+        t.start()
+    time.sleep(1.5)  # the first prefill steps are storing their chunks
+    os.kill(cache_server_pid(lmcache_server), signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=150)
+    assert all(isinstance(r, dict) and r["choices"][0]["text"] for r in results), results
+    assert httpx.get(lmcache_server.base_url + "/ping").status_code == 200
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total") != before + 1:
+        time.sleep(1)
+    assert metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total") == before + 1
+    # the engine lived through it: a new request after the restart is answered
+    assert complete(lmcache_server, "import os\n", 4)["choices"][0]["text"] is not None

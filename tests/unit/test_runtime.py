@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from lmi_server.config.schema import ConfigError, build_serving_config
-from lmi_server.runtime import resolve_runtime
+from lmi_server.runtime import longest_sequence_kv_bytes, resolve_runtime
 
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
@@ -42,7 +42,20 @@ def test_an_lmcache_file_gives_the_engine_a_kv_connector(tmp_path):
     cfg = build_serving_config({"option.lmcache_config_file": "lmcache.yaml", "option.max_model_len": "1024"}, d)
     runtime = resolve_runtime(cfg, build_demo=False)
     assert runtime.kv_plan.mode == "mp" and runtime.kv_plan.server_argv
-    assert runtime.engine_args["kv_transfer_config"]["kv_connector"] == "LMCacheMPConnector"
+    kv = runtime.engine_args["kv_transfer_config"]
+    assert kv["kv_connector"] == "GuardedLMCacheMPConnector"
+    # the RPC timeout is sized from this model's KV: 1,024 tokens of it, or the floor
+    assert kv["kv_connector_extra_config"]["lmcache.mp.mq_timeout"] >= 2.0
+
+
+def test_longest_sequence_kv_follows_the_engine_dtype():
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "hidden_size": 256, "torch_dtype": "bfloat16"}
+    # 2 layers x K and V x 2 heads x 64 x bytes
+    assert longest_sequence_kv_bytes(config, {"max_model_len": 1000}) == 1000 * 2 * 2 * 2 * 64 * 2
+    assert longest_sequence_kv_bytes(config, {"max_model_len": 1000, "dtype": "float32"}) == 1000 * 2 * 2 * 2 * 64 * 4
+    assert longest_sequence_kv_bytes(config, {"max_model_len": 1000, "dtype": "float32", "kv_cache_dtype": "fp8"}) == 1000 * 2 * 2 * 2 * 64
+    assert longest_sequence_kv_bytes(None, {}) is None
+    assert longest_sequence_kv_bytes({"num_hidden_layers": "x"}, {}) is None
 
 
 def test_a_missing_chat_template_file_is_a_config_error(tmp_path):

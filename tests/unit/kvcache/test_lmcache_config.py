@@ -19,8 +19,10 @@ CPU_HOST = HostFacts(available_ram_bytes=20 * GIB, total_ram_bytes=24 * GIB)
 GPU_HOST = HostFacts(available_ram_bytes=900 * GIB, total_ram_bytes=1024 * GIB, gpu=GPUInfo(8, 80 * GIB))
 
 
-def file_plan(path, *, platform="cpu", mode="auto", check_disk=False):
-    return plan_from_config_file(path, mode=mode, platform=platform, port=5555, metrics_port=5556, python="python", check_disk=check_disk)
+def file_plan(path, *, platform="cpu", mode="auto", check_disk=False, **kwargs):
+    return plan_from_config_file(
+        path, mode=mode, platform=platform, port=5555, metrics_port=5556, python="python", check_disk=check_disk, **kwargs
+    )
 
 
 def write(tmp_path, text):
@@ -38,18 +40,58 @@ def test_cpu_only_file_gives_the_verified_recipe():
         "--supported-transfer-mode", "engine_driven", "--prometheus-port", "5556",
     ]
     assert p.kv_transfer_config == {
-        "kv_connector": "LMCacheMPConnector",
+        "kv_connector": "GuardedLMCacheMPConnector",
         "kv_role": "kv_both",
-        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
-        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": 5555},
+        "kv_connector_module_path": "lmi_server.kvcache.connector",
+        "kv_connector_extra_config": {
+            "lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": 5555,
+            # no /dev/shm room known and no model size: pickled hits, the cautious RPC timeout
+            "lmcache.mp.heartbeat_interval": 1.0, "lmcache.mp.mq_timeout": 30.0,
+        },
     }
     assert p.env == {"PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
     assert p.metrics_url == "http://127.0.0.1:5556/metrics"
 
 
 def test_cuda_uses_lmcache_driven():
-    p = file_plan(CONFIGS / "cpu.yaml", platform="cuda")
+    p = file_plan(CONFIGS / "cpu.yaml", platform="cuda", shm_free_bytes=100 * GIB)
     assert p.server_argv[p.server_argv.index("--supported-transfer-mode") + 1] == "lmcache_driven"
+    # LMCache's own connector and timing: transfers do not go through the engine_driven RPCs
+    assert p.kv_transfer_config["kv_connector"] == "LMCacheMPConnector"
+    assert set(p.kv_transfer_config["kv_connector_extra_config"]) == {"lmcache.mp.host", "lmcache.mp.port"}
+    assert "--shm-name" not in p.server_argv
+
+
+def extra(p):
+    return p.kv_transfer_config["kv_connector_extra_config"]
+
+
+def test_cpu_tier_goes_to_shm_by_default_when_dev_shm_holds_it(tmp_path):
+    p = file_plan(write(tmp_path, "max_local_cpu_size: 2\n"), shm_free_bytes=3 * GIB, max_transfer_bytes=10 * GIB)
+    assert p.tiers.shm
+    assert p.server_argv[p.server_argv.index("--shm-name") + 1].startswith("lmcache_mp_5555_")
+    assert any("/dev/shm" in r and "mp_shm default" in r for r in p.reasons)
+    assert not p.warnings
+    # the RPCs carry slot numbers only: the short timeout, whatever the model's size
+    assert extra(p)["lmcache.mp.mq_timeout"] == 2.0
+    assert extra(p)["lmcache.mp.heartbeat_interval"] == 1.0
+
+
+def test_small_dev_shm_falls_back_to_pickle_with_a_warning(tmp_path):
+    p = file_plan(write(tmp_path, "max_local_cpu_size: 2\n"), shm_free_bytes=64 * 2**20, max_transfer_bytes=400_000_000)
+    assert not p.tiers.shm and "--shm-name" not in p.server_argv
+    assert any("--shm-size" in w and "0.1 GiB free" in w for w in p.warnings)
+    # pickled hits: the timeout covers the longest sequence at 50 MB/s (400 MB -> 8 s)
+    assert extra(p)["lmcache.mp.mq_timeout"] == 8.0
+
+
+def test_mp_shm_false_and_true_are_obeyed(tmp_path):
+    off = file_plan(write(tmp_path, "max_local_cpu_size: 2\nmp_shm: false\n"), shm_free_bytes=100 * GIB, max_transfer_bytes=1000)
+    assert not off.tiers.shm and not off.warnings
+    assert extra(off)["lmcache.mp.mq_timeout"] == 2.0  # tiny model: the floor
+    forced = file_plan(write(tmp_path, "max_local_cpu_size: 2\nmp_shm: true\n"), shm_free_bytes=GIB)
+    assert not forced.tiers.shm
+    assert any("mp_shm: true but /dev/shm has 1.0 GiB free" in w for w in forced.warnings)
 
 
 def test_nvme_file_translates_to_fs_adapter():

@@ -153,6 +153,21 @@ def test_cpu_host_plan_uses_engine_driven_and_subtracts_engine_kv():
     assert p.env["PYTHONHASHSEED"] == "0" and p.env["LMCACHE_TRACK_USAGE"] == "false"
     out = json.loads(p.to_json())
     assert out["mode"] == "mp" and out["reasons"]
+    # no /dev/shm size known: pickled hits, RPC timeout for 8,192 x 2,048 B = 16.8 MB -> the 2 s floor
+    assert not p.tiers.shm and any("--shm-size" in w for w in p.warnings)
+    assert p.kv_transfer_config["kv_connector_extra_config"]["lmcache.mp.mq_timeout"] == 2.0
+
+
+def test_cpu_host_plan_puts_the_tier_in_dev_shm_when_it_fits():
+    demo = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "hidden_size": 256, "dtype": "bfloat16"}
+    for shm_free, expected in ((8 * GIB, True), (GIB, False)):
+        host = HostFacts(available_ram_bytes=20 * GIB, total_ram_bytes=24 * GIB, model_weight_bytes=10_000_000, shm_free_bytes=shm_free)
+        p = plan_auto(demo, EngineFacts(4, 8192, engine_kv_cache_bytes=1 * GIB), host,
+                      LMCacheOptions(lmcache_auto_config=True, lmcache_expected_context_tokens=2_000_000),
+                      port=5555, metrics_port=5556, python="python", check_disk=False)
+        assert p.tiers.shm is expected  # the tier is 3.81 GiB
+        assert ("--shm-name" in p.server_argv) is expected
+        assert p.kv_transfer_config["kv_connector"] == "GuardedLMCacheMPConnector"
 
 
 def test_inprocess_on_cpu_host_is_an_error():
