@@ -14,7 +14,8 @@ PREPARE_RETRIEVE to the worker's COMMIT_RETRIEVE) and the TTFT of an LMCache hit
 the vLLM-local hit of the same document right after it (this one also covers the server-side
 clone + pickle of the pickle path), against a torch copy of the same bytes.
 
-    python benchmarks/kv_hit_path.py
+    python benchmarks/kv_hit_path.py              # results/kv_hit_path.{json,png}
+    python benchmarks/kv_hit_path.py --plot-only  # redraw the PNG
 """
 
 from __future__ import annotations
@@ -81,7 +82,41 @@ def pickle_path_costs(spec, tokens: int, chunk_size: int = 256, repeats: int = 5
     return out
 
 
+def plot(doc: dict, path: Path) -> None:
+    """Bars of GB/s for one run: the plain copies, the vectorized scatter into a paged KV cache,
+    and LMCache's retrieve in both transfer modes (its own timings)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = doc["pickle_path_steps"]
+    bars = [
+        ("torch copy\n2 threads", doc["copy"]["threads_2"]["gb_per_s_median"] if "threads_2" in doc["copy"] else doc["copy"]["gb_per_s_median"]),
+        ("torch copy\n1 thread", doc["copy"].get("threads_1", {}).get("gb_per_s_median", float("nan"))),
+        ("index_copy_ into\npaged KV, 1 thread", steps["torch_threads_1"]["gb_per_s"]["worker_scatter_into_paged_kv"]),
+        ("LMCache retrieve\n/dev/shm tier", doc["modes"]["shm"]["hit_path"]["lmcache_retrieve_probe"]["gb_per_s"]),
+        ("LMCache retrieve\npickled", doc["modes"]["pickle"]["hit_path"]["lmcache_retrieve_probe"]["gb_per_s"]),
+    ]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["grey", "grey", "tab:green", "tab:blue", "tab:red"])
+    for i, (_, v) in enumerate(bars):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom")
+    ax.set_ylabel("GB/s")
+    mb = doc["modes"]["shm"]["hit_path"]["hit_bytes"] / 1e6
+    ax.set_title(f"KV hit path on CPU: {mb:.0f} MB hits, load {doc['load_avg_start'][0]:.1f} -> {doc['load_avg_end'][0]:.1f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
+    if "--plot-only" in sys.argv:  # redraw the PNG from the saved JSON
+        import json
+
+        from benchmarks.common import RESULTS
+
+        plot(json.loads((RESULTS / "kv_hit_path.json").read_text()), RESULTS / "kv_hit_path.png")
+        return 0
     if "--breakdown-only" in sys.argv:  # add the step costs to an existing kv_hit_path.json
         import json
 
@@ -144,6 +179,7 @@ def main() -> int:
     doc["ttft_hit_minus_local_s"] = {"pickle": p["hit_path_s"], "shm": s["hit_path_s"]}
     doc["pickle_path_steps"] = pickle_path_costs(spec, 5888, args.chunk_size)
     path = save("kv_hit_path", doc)
+    plot(doc, path.with_suffix(".png"))
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
