@@ -92,6 +92,7 @@ def main() -> int:
     ap.add_argument("--pause-s", type=float, default=3.0, help="quiet time between runs")
     ap.add_argument("--routes", default="chat,invocations")
     ap.add_argument("--name", default="serving_overhead")
+    ap.add_argument("--scale", type=int, default=1, help="multiply the requests per run (longer, less noisy)")
     args = ap.parse_args()
 
     from lmi_server.demo.builder import ensure_demo_model
@@ -105,10 +106,11 @@ def main() -> int:
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "PYTHONHASHSEED": "0"}
     lmi = Server("lmi-server", [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work), "--host", "127.0.0.1", "--port", str(p1 := free_port()), "--log-level", "warning"], p1, "/ping", work / "lmi.log", env)
     vllm = Server("vllm", [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "demo", "--enforce-eager", "--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(p2 := free_port()), "--disable-uvicorn-access-log"], p2, "/health", work / "vllm.log", env)
-    prompts = {1: 4, 8: 16, 32: 32} if args.quick else {1: 24, 8: 64, 32: 128}
+    prompts = {1: 4, 8: 16, 32: 32} if args.quick else {c: n * args.scale for c, n in {1: 24, 8: 64, 32: 128}.items()}
     routes = [r for r in args.routes.split(",") if r]
     rows, ratios = [], []
     load_start = os.getloadavg()
+    t_start = time.monotonic()
     with lmi, vllm:
         servers = {"lmi-server": lmi, "vllm": vllm}
         for name, server in servers.items():  # warm-up: every batch size the runs will see
@@ -141,6 +143,7 @@ def main() -> int:
         "benchmark": "serving_overhead", "tool": "vllm bench serve (benchmarks/bench_serve.py)", "machine": machine(),
         "load_average_at_start": load_start, "load_average_at_end": os.getloadavg(),
         "input_len": args.input_len, "output_len": args.output_len, "order": ORDER, "server_start_s": starts,
+        "prompts_per_run": prompts, "wall_s": time.monotonic() - t_start,
         "rows": rows, "ratios_lmi_over_vllm": ratios,
     }
     path = save(args.name, doc)

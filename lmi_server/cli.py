@@ -47,6 +47,7 @@ def cmd_serve(args) -> int:
     warn_if_unprotected(args.host, load_api_keys(cfg.security, cfg.model_dir))
     runtime = resolve_runtime(cfg, build_demo=True)
     runtime.apply_environment()
+    runtime.log_start_up(log)
     if runtime.engine_memory:
         log.info(
             "engine KV cache %.2f GiB, chosen from this host: %s",

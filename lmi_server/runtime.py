@@ -7,6 +7,7 @@ Kept apart from config/ so that config stays pure (no file building, no environm
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,17 @@ class Runtime:
     def apply_environment(self) -> None:
         for key, value in self.env.items():
             os.environ.setdefault(key, value)
+
+    def log_start_up(self, log: logging.Logger) -> None:
+        """What `lmi-server config` would show that an operator must see in the serving log too:
+        the built-in choices, the LMCache plan's decisions and its warnings (e.g. a /dev/shm too
+        small for the CPU tier)."""
+        for note in self.notes:
+            log.info("%s", note)
+        if self.kv_plan is not None and self.kv_plan.mode is not None:
+            log.info("LMCache plan: %s", "; ".join(self.kv_plan.reasons))
+        for warning in self.kv_plan.warnings if self.kv_plan is not None else ():
+            log.warning("LMCache: %s", warning)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -233,8 +245,6 @@ def _model_config(model_path: str) -> tuple[Path | None, dict[str, Any] | None]:
 def longest_sequence_kv_bytes(model_config: dict[str, Any] | None, engine_args: dict[str, Any]) -> int | None:
     """KV bytes of one max_model_len sequence (all layers), or None when the model is not local
     or its config is not one the footprint knows."""
-    from lmi_server.kvcache.footprint import kv_footprint
-
     if model_config is None:
         return None
     kv_dtype = engine_args.get("kv_cache_dtype")

@@ -134,8 +134,11 @@ def test_cache_server_killed_while_kv_is_being_stored_fails_no_request(lmcache_s
     connector drops the stores it gets no answer for, and every request completes (recomputed)."""
     cmdline = " ".join(psutil.Process(cache_server_pid(lmcache_server)).cmdline())
     shm_free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize if os.path.isdir("/dev/shm") else 0
-    # the 1 GiB CPU tier goes into /dev/shm by default wherever it fits
+    # the 1 GiB CPU tier goes into /dev/shm by default wherever it fits, and the log says which
     assert ("--shm-name" in cmdline) == (shm_free >= 2**30)
+    log = lmcache_server.log_path.read_text(errors="replace")
+    assert "LMCache plan: " in log
+    assert ("mp_shm default" in log) == (shm_free >= 2**30)
     sources = ["argparse.py", "typing.py", "inspect.py", "dataclasses.py", "pathlib.py", "subprocess.py"]
     prompts = [Path(sysconfig.get_paths()["stdlib"], name).read_text()[2000:8000] for name in sources]
     results: list = [None] * len(prompts)

@@ -4,6 +4,7 @@ environment and KV plan are worked out without starting an engine."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import pytest
@@ -46,6 +47,19 @@ def test_an_lmcache_file_gives_the_engine_a_kv_connector(tmp_path):
     assert kv["kv_connector"] == "GuardedLMCacheMPConnector"
     # the RPC timeout is sized from this model's KV: 1,024 tokens of it, or the floor
     assert kv["kv_connector_extra_config"]["lmcache.mp.mq_timeout"] >= 2.0
+
+
+def test_start_up_log_states_the_lmcache_plan_and_its_warnings(tmp_path, caplog):
+    d = model_dir(tmp_path)
+    (d / "lmcache.yaml").write_text("chunk_size: 16\nmax_local_cpu_size: 1\nmp_shm: true\n")
+    cfg = build_serving_config({"option.lmcache_config_file": "lmcache.yaml", "option.max_model_len": "1024"}, d)
+    runtime = resolve_runtime(cfg, build_demo=False)
+    runtime.kv_plan.warnings.append("example warning")
+    with caplog.at_level(logging.INFO, logger="lmi_server.test"):
+        runtime.log_start_up(logging.getLogger("lmi_server.test"))
+    plan_lines = [r for r in caplog.records if r.getMessage().startswith("LMCache plan: ")]
+    assert plan_lines and "transfer mode engine_driven" in plan_lines[0].getMessage()
+    assert any(r.levelno == logging.WARNING and r.getMessage() == "LMCache: example warning" for r in caplog.records)
 
 
 def test_longest_sequence_kv_follows_the_engine_dtype():
