@@ -70,3 +70,22 @@ def test_a_completed_build_is_shut_down_by_stop(tmp_path):
 
     asyncio.run(scenario())
     assert made[0].shut_down.is_set()
+
+
+def test_the_start_up_heap_is_frozen_once_the_engine_is_ready(tmp_path, monkeypatch):
+    """Objects from start-up leave the garbage collector's sight when the engine is ready, so an
+    oldest-generation collection during serving does not walk them (TTFT outliers otherwise)."""
+    import gc
+
+    async def build(self):
+        self.state.engine = FakeEngine()
+
+    monkeypatch.setattr(EngineOwner, "_build", build)
+    gc.unfreeze()
+    try:
+        o = owner(tmp_path)
+        asyncio.run(o._start())
+        assert o.state.status == "ready"
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
