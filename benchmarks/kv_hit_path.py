@@ -46,7 +46,7 @@ def pickle_path_costs(spec, tokens: int, chunk_size: int = 256, repeats: int = 5
     width = spec.num_key_value_heads * (spec.hidden_size // spec.num_attention_heads)
     n_chunks = tokens // chunk_size
     chunks = [torch.randn(2, spec.num_hidden_layers, chunk_size, width).to(dtype) for _ in range(n_chunks)]
-    block = 16  # vLLM CPU block size
+    block = 128  # vLLM's KV block size on CPU (0.32; LMCache insists its chunk be a multiple of it)
     paged = torch.zeros(2, spec.num_hidden_layers, n_chunks * chunk_size // block + 8, block, width, dtype=dtype)
     ids = torch.randperm(paged.shape[2])[: n_chunks * chunk_size // block]
 

@@ -133,7 +133,7 @@ def choose_shm(
     """Whether the CPU tier goes into /dev/shm (`mp_shm`; None = decide from the free space).
 
     Shared memory makes a hit a memory copy in the worker instead of clone, pickle, ZMQ, unpickle
-    (0.1-0.3 -> 3.5-4.3 GB/s in benchmarks/kv_hit_path.py), so it is the default on CPU hosts wherever
+    (0.1-0.3 -> 3.5-4.4 GB/s in benchmarks/kv_hit_path.py), so it is the default on CPU hosts wherever
     /dev/shm can hold the whole tier; a container's default /dev/shm (64 MiB in Docker) cannot."""
     if transfer_mode != "engine_driven":
         if requested:
@@ -158,7 +158,7 @@ def choose_shm(
         return False
     warnings.append(
         f"/dev/shm has {free} free, less than the {l1_bytes / GIB:g} GiB CPU tier: hits are pickled over ZMQ "
-        "(about 0.1-0.3 GB/s instead of 3.5-4.3 GB/s); give /dev/shm the tier's size (docker run --shm-size=...) "
+        "(about 0.1-0.3 GB/s instead of 3.5-4.4 GB/s); give /dev/shm the tier's size (docker run --shm-size=...) "
         "or set mp_shm: false to silence this"
     )
     return False
