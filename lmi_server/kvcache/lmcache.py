@@ -204,7 +204,7 @@ def mp_server_argv(tiers: CacheTiers, python: str | None = None) -> list[str]:
         "--supported-transfer-mode", tiers.transfer_mode,
         "--prometheus-port", str(tiers.metrics_port),
     ]
-    if tiers.shm and tiers.transfer_mode == "engine_driven":
+    if tiers.shm:  # engine_driven only (choose_shm)
         # Put the CPU tier in a POSIX shared-memory segment: the engine's workers then copy KV
         # straight between the segment and their paged KV cache. Without it LMCache pickles every
         # hit over ZMQ (clone, pickle, send, unpickle, copy). One name per port and serving
@@ -260,10 +260,14 @@ def connector_timeouts(tiers: CacheTiers, max_transfer_bytes: int | None) -> tup
     return keys, reason
 
 
-def mp_kv_transfer_config(tiers: CacheTiers, max_transfer_bytes: int | None = None) -> dict[str, Any]:
+def mp_kv_transfer_config(
+    tiers: CacheTiers, max_transfer_bytes: int | None = None, reasons: list[str] | None = None
+) -> dict[str, Any]:
     """kwargs for `vllm.config.KVTransferConfig` that point vLLM at the MP server (with the
-    connector's timing from `connector_timeouts`)."""
-    timing, _ = connector_timeouts(tiers, max_transfer_bytes)
+    connector's timing from `connector_timeouts`, whose reason is appended to `reasons`)."""
+    timing, timing_reason = connector_timeouts(tiers, max_transfer_bytes)
+    if timing_reason and reasons is not None:
+        reasons.append(timing_reason)
     guarded = tiers.transfer_mode == "engine_driven"
     return {
         "kv_connector": GUARDED_MP_CONNECTOR if guarded else MP_CONNECTOR,
@@ -352,12 +356,9 @@ def plan_from_config_file(
     if available_ram_bytes is not None:
         check_l1_fits_ram(tiers.l1_bytes, available_ram_bytes, platform, warnings)
     reasons.insert(0, f"LMCache MP server configured from {path}" + (" (mode auto = mp)" if mode == "auto" else ""))
-    _, timing_reason = connector_timeouts(tiers, max_transfer_bytes)
-    if timing_reason:
-        reasons.append(timing_reason)
     return KVCachePlan(
         mode="mp",
-        kv_transfer_config=mp_kv_transfer_config(tiers, max_transfer_bytes),
+        kv_transfer_config=mp_kv_transfer_config(tiers, max_transfer_bytes, reasons),
         server_argv=mp_server_argv(tiers, python),
         env=env,
         secret_env=remote_secret_env(tiers),

@@ -31,7 +31,6 @@ from lmi_server.kvcache.footprint import KVFootprint, kv_footprint
 from lmi_server.kvcache.host import GIB, CacheDirError, HostFacts, check_cache_dir
 from lmi_server.kvcache.lmcache import (
     choose_shm,
-    connector_timeouts,
     inprocess_kv_transfer_config,
     mp_kv_transfer_config,
     mp_server_argv,
@@ -284,11 +283,8 @@ def plan_auto(
             env=env, reasons=reasons, source="auto", tiers=tiers, warnings=warnings,
         )
     max_transfer = engine.max_model_len * fp.bytes_per_token
-    _, timing_reason = connector_timeouts(tiers, max_transfer)
-    if timing_reason:
-        reasons.append(timing_reason)
     return KVCachePlan(
-        mode="mp", kv_transfer_config=mp_kv_transfer_config(tiers, max_transfer), server_argv=mp_server_argv(tiers, python),
+        mode="mp", kv_transfer_config=mp_kv_transfer_config(tiers, max_transfer, reasons), server_argv=mp_server_argv(tiers, python),
         env=env, reasons=reasons, source="auto", tiers=tiers, warnings=warnings,
     )
 

@@ -13,6 +13,7 @@ import httpx
 import psutil
 import pytest
 
+from lmi_server.kvcache.host import shm_free_bytes
 from tests.e2e.conftest import BASE_PROPS
 from tests.e2e.test_api import metric_value
 from tests.support.server import ServerProcess, server_env, write_properties
@@ -133,7 +134,7 @@ def test_cache_server_killed_while_kv_is_being_stored_fails_no_request(lmcache_s
     """Kill the cache server while several long prompts are in prefill, their KV being stored: the
     connector drops the stores it gets no answer for, and every request completes (recomputed)."""
     cmdline = " ".join(psutil.Process(cache_server_pid(lmcache_server)).cmdline())
-    shm_free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize if os.path.isdir("/dev/shm") else 0
+    shm_free = shm_free_bytes() or 0
     # the 1 GiB CPU tier goes into /dev/shm by default wherever it fits, and the log says which
     assert ("--shm-name" in cmdline) == (shm_free >= 2**30)
     log = lmcache_server.log_path.read_text(errors="replace")
