@@ -229,7 +229,7 @@ def run_config(name: str, model: Path, docs: list[str], args, work: Path) -> dic
     disk_dir = Path(tempfile.mkdtemp(prefix="ldqa-disk-", dir=args.disk_parent))
     d, _ = write_server_dir(work, name, model, args, disk_dir)
     port = free_port()
-    env = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", **getattr(args, "server_env", {})}
     argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(d), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     server = Server(name, argv, port, "/ping", d / "server.log", env)
     url = server.url + "/v1/completions"

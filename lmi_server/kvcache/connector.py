@@ -1,5 +1,6 @@
-"""LMCache's MP connector for CPU hosts, with one guard: a KV store that the cache server does not
-answer in time is dropped instead of failing the engine step.
+"""LMCache's MP connector for CPU hosts, with one guard and one faster copy: a KV store that the
+cache server does not answer in time is dropped instead of failing the engine step, and KV moves
+between LMCache's chunks and vLLM's CPU KV cache block by block (`block_copy`).
 
 With the CPU tier in /dev/shm (engine_driven transfer, `mp_shm`), the worker first asks the cache
 server for slots (PREPARE_STORE) and LMCache 0.5.6 raises when that answer does not come within the
@@ -19,14 +20,18 @@ from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 
+from lmi_server.kvcache import block_copy
+
 logger = logging.getLogger("lmi_server.kvcache.connector")
 
 
 class GuardedLMCacheMPConnector(LMCacheMPConnector):
-    """`LMCacheMPConnector` whose worker side survives an unanswered store."""
+    """`LMCacheMPConnector` whose worker side survives an unanswered store and copies KV block-wise."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if block_copy.install():
+            logger.info("LMCache KV copies to and from the paged KV cache run block-wise")
         adapter = getattr(self, "worker_adapter", None)
         if adapter is not None:
             guard_stores(adapter)

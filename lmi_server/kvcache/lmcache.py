@@ -47,6 +47,9 @@ MP_CONNECTOR_MODULE = "lmcache.integration.vllm.lmcache_mp_connector"
 # CPU hosts: the same connector with a guard for unanswered stores (lmi_server/kvcache/connector.py).
 GUARDED_MP_CONNECTOR = "GuardedLMCacheMPConnector"
 GUARDED_MP_CONNECTOR_MODULE = "lmi_server.kvcache.connector"
+# A KV load that fails (a cache server that died after the lookup, a timed-out retrieve) costs a
+# recompute of those tokens, not the request: vLLM's default policy fails the request.
+LOAD_FAILURE_POLICY = "recompute"
 INPROCESS_CONNECTOR = "LMCacheConnectorV1"
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +275,7 @@ def mp_kv_transfer_config(
     return {
         "kv_connector": GUARDED_MP_CONNECTOR if guarded else MP_CONNECTOR,
         "kv_role": "kv_both",
+        "kv_load_failure_policy": LOAD_FAILURE_POLICY,
         "kv_connector_module_path": GUARDED_MP_CONNECTOR_MODULE if guarded else MP_CONNECTOR_MODULE,
         "kv_connector_extra_config": {
             "lmcache.mp.host": f"tcp://{tiers.host}",
@@ -283,7 +287,7 @@ def mp_kv_transfer_config(
 
 def inprocess_kv_transfer_config() -> dict[str, Any]:
     """kwargs for `KVTransferConfig` with LMCache inside the engine (LMI's GPU default)."""
-    return {"kv_connector": INPROCESS_CONNECTOR, "kv_role": "kv_both"}
+    return {"kv_connector": INPROCESS_CONNECTOR, "kv_role": "kv_both", "kv_load_failure_policy": LOAD_FAILURE_POLICY}
 
 
 def process_env(hash_seed: str, telemetry: bool) -> dict[str, str]:

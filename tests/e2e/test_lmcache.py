@@ -166,3 +166,58 @@ def test_cache_server_killed_while_kv_is_being_stored_fails_no_request(lmcache_s
     assert metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total") == before + 1
     # the engine lived through it: a new request after the restart is answered
     assert complete(lmcache_server, "import os\n", 4)["choices"][0]["text"] is not None
+
+
+# Injected into every process of one server (a sitecustomize on PYTHONPATH): the engine worker's
+# copy of every LMCache hit into its KV cache raises, as when the cache server dies between the
+# lookup and the load.
+FAILING_LOADS = '''\
+import builtins
+
+_import = builtins.__import__
+
+
+def _break_loads():
+    from lmcache.v1.multiprocess.transfer_context import worker_transfer
+
+    def scatter_cpu_to_paged_kv(*args, **kwargs):
+        raise RuntimeError("injected KV load failure")
+
+    worker_transfer.scatter_cpu_to_paged_kv = scatter_cpu_to_paged_kv
+
+
+def _hook(name, *args, **kwargs):
+    module = _import(name, *args, **kwargs)
+    if name == "lmcache.integration.vllm.lmcache_mp_connector":
+        builtins.__import__ = _import
+        _break_loads()
+    return module
+
+
+builtins.__import__ = _hook
+'''
+
+
+def test_a_kv_load_that_fails_is_recomputed_not_failed(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("lmcache-failing-loads")
+    shim = tmp_path_factory.mktemp("failing-loads-shim")
+    (shim / "sitecustomize.py").write_text(FAILING_LOADS)
+    (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
+    props = {**BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
+    write_properties(model_dir, props)
+    env = {**server_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))}
+    proc = ServerProcess(model_dir, model_dir / "server.log", env=env).start()
+    try:
+        proc.wait_ready()
+        prompt = long_prompt(3000)
+        first = complete(proc, prompt)
+        # stored in LMCache, not in vLLM (prefix caching off): the second request hits LMCache, its
+        # load fails, and vLLM computes those tokens again instead of failing the request
+        second = complete(proc, prompt)
+        assert second["choices"][0]["text"] == first["choices"][0]["text"]
+        log = (model_dir / "server.log").read_text()
+        assert "injected KV load failure" in log
+        assert "Recovered from KV load failure" in log, proc.log_tail()
+        assert httpx.get(proc.base_url + "/ping").status_code == 200
+    finally:
+        proc.stop()

@@ -61,3 +61,12 @@ def test_other_errors_still_surface():
     guard_stores(a)
     with pytest.raises(RuntimeError, match="not initialized"):
         a.submit_store_request("r3", object(), None)
+
+
+def test_the_connector_installs_block_wise_kv_copies(monkeypatch):
+    from lmcache.v1.platform.torch_ops import mp_mem_kernels
+
+    monkeypatch.setattr(mp_mem_kernels, "_transfer_per_layer_fused", mp_mem_kernels._transfer_per_layer_fused)
+    monkeypatch.setattr(LMCacheMPConnector, "__init__", lambda self, *a, **k: None)
+    GuardedLMCacheMPConnector()
+    assert getattr(mp_mem_kernels._transfer_per_layer_fused, "lmi_block_copy", False)

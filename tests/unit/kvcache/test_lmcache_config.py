@@ -42,6 +42,8 @@ def test_cpu_only_file_gives_the_verified_recipe():
     assert p.kv_transfer_config == {
         "kv_connector": "GuardedLMCacheMPConnector",
         "kv_role": "kv_both",
+        # a KV load that fails recomputes those tokens instead of failing the request
+        "kv_load_failure_policy": "recompute",
         "kv_connector_module_path": "lmi_server.kvcache.connector",
         "kv_connector_extra_config": {
             "lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": 5555,
@@ -58,6 +60,7 @@ def test_cuda_uses_lmcache_driven():
     assert p.server_argv[p.server_argv.index("--supported-transfer-mode") + 1] == "lmcache_driven"
     # LMCache's own connector and timing: transfers do not go through the engine_driven RPCs
     assert p.kv_transfer_config["kv_connector"] == "LMCacheMPConnector"
+    assert p.kv_transfer_config["kv_load_failure_policy"] == "recompute"
     assert set(p.kv_transfer_config["kv_connector_extra_config"]) == {"lmcache.mp.host", "lmcache.mp.port"}
     assert "--shm-name" not in p.server_argv
 
@@ -191,7 +194,7 @@ def test_inprocess_needs_gpu_and_points_lmcache_at_the_file():
     with pytest.raises(KVCacheConfigError, match="needs a GPU"):
         file_plan(CONFIGS / "cpu.yaml", mode="inprocess")
     p = file_plan(CONFIGS / "cpu.yaml", mode="inprocess", platform="cuda")
-    assert p.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    assert p.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
     assert p.env["LMCACHE_CONFIG_FILE"] == str((CONFIGS / "cpu.yaml").resolve())
     assert p.server_argv is None
 

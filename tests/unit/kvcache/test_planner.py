@@ -179,7 +179,7 @@ def test_inprocess_on_cpu_host_is_an_error():
 def test_inprocess_on_gpu_gives_lmi_connector_and_per_rank_env():
     p = plan(QWEN25_72B, p5_host(QWEN72_WEIGHTS, tp=4), lmcache_mode="inprocess", lmcache_expected_context_tokens=10_000_000)
     assert p.mode == "inprocess" and p.server_argv is None
-    assert p.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    assert p.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
     assert p.env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "380"  # per rank, as LMI
     assert p.env["LMCACHE_CHUNK_SIZE"] == "256"
 

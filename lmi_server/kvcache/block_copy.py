@@ -1,0 +1,108 @@
+"""Block-wise KV copies between LMCache chunks and vLLM's head-major paged KV cache (CPU hosts).
+
+On CPU hosts LMCache moves KV with its pure-torch transfer kernels. vLLM's CPU KV cache is, per
+layer, `[blocks, kv_heads, block_size, 2*head_size]` (K and V packed per token, head-major inside
+each block); LMCache's chunks are token-major (`[layers, tokens, kv_heads * 2*head_size]`). LMCache
+0.5.6 transposes through `index_copy_` for a hit and through `index_select` plus two more copies for
+a store. Copying each run of consecutive blocks with one strided `copy_` writes the same bytes to
+the same places with one pass over them (benchmarks/kv_hit_path.py measures both).
+
+`install()` swaps that one kernel (`_transfer_per_layer_fused` of LMCache's torch ops) for
+`transfer_per_layer_fused` below; every other layout, and every compiled (GPU) kernel, stays
+LMCache's.
+It runs in the engine's worker, where the connector is created.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("lmi_server.kvcache.block_copy")
+
+_KERNEL = "_transfer_per_layer_fused"
+
+
+def consecutive_runs(block_ids: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """(position, first block id, length) of each run of consecutive ids: vLLM hands out fresh
+    blocks mostly in order, so most chunks are one run and take one copy per layer."""
+    start = 0
+    for i in range(1, len(block_ids) + 1):
+        if i == len(block_ids) or block_ids[i] != block_ids[i - 1] + 1:
+            yield start, block_ids[start], i - start
+            start = i
+
+
+def transfer_per_layer_fused(
+    layer_tensors: list[torch.Tensor],
+    object_tensors: list[torch.Tensor],
+    block_ids: torch.Tensor | list[int],
+    n_block_ids: int,
+    blocks_per_object: int,
+    block_size: int,
+    format_spec: Any,
+    is_d2h: bool,
+    skip_prefix_n_blocks: int,
+    *,
+    fallback: Any = None,
+    valid_range: Any = None,
+) -> None:
+    """Copy between chunk objects `[layers, chunk_tokens, heads * 2*head_size]` and per-layer paged
+    tensors `[blocks, heads, block_size, 2*head_size]`, one strided copy per run of consecutive
+    blocks and layer. Same arguments and effect as LMCache's kernel it replaces; token-major paged
+    layouts (no transpose to do) go to `fallback`."""
+    if not layer_tensors or not object_tensors:
+        return
+    if not format_spec.is_hnd:
+        fallback(layer_tensors, object_tensors, block_ids, n_block_ids, blocks_per_object,
+                 block_size, format_spec, is_d2h, skip_prefix_n_blocks)
+        return
+    # The 5-D split view [NB, NH, BS, 2, HS] shares storage with the packed [NB, NH, BS, 2*HS].
+    layers = [layer.reshape(*layer.shape[:3], -1) if layer.dim() == 5 else layer for layer in layer_tensors]
+    ids = block_ids.tolist() if isinstance(block_ids, torch.Tensor) else list(block_ids)
+    _, heads, _, width = layers[0].shape
+    n_layers = len(layers)
+    for object_idx, obj in enumerate(object_tensors):
+        valid = valid_range(object_idx, n_block_ids, blocks_per_object, block_size, skip_prefix_n_blocks)
+        if valid is None:
+            continue
+        first, end, offset = valid
+        tokens = obj.reshape(n_layers, -1, heads * width)
+        for position, block_id, length in consecutive_runs(ids[first:end]):
+            t0 = offset + position * block_size
+            t1 = t0 + length * block_size
+            for layer_idx, layer in enumerate(layers):
+                # [length, heads, block_size, 2*head_size] views of both sides
+                token_major = tokens[layer_idx, t0:t1].view(length, block_size, heads, width).transpose(1, 2)
+                paged = layer[block_id : block_id + length]
+                if is_d2h:
+                    token_major.copy_(paged)
+                else:
+                    paged.copy_(token_major)
+
+
+def install() -> bool:
+    """Use the block-wise copy for LMCache's packed-K/V per-layer kernel in this process; False
+    (LMCache's own kernel stays) when this LMCache build has no such kernel."""
+    try:
+        from lmcache.v1.platform.torch_ops import mp_mem_kernels
+    except ImportError:
+        return False
+    original = getattr(mp_mem_kernels, _KERNEL, None)
+    valid_range = getattr(mp_mem_kernels, "_valid_block_range_indices", None)
+    if original is None or valid_range is None:
+        logger.warning("LMCache has no %s kernel: its own KV copies are used", _KERNEL)
+        return False
+    if getattr(original, "lmi_block_copy", False):
+        return True
+
+    def kernel(*args: Any) -> None:
+        transfer_per_layer_fused(*args, fallback=original, valid_range=valid_range)
+
+    kernel.lmi_block_copy = True  # type: ignore[attr-defined]
+    kernel.lmcache_kernel = original  # type: ignore[attr-defined]
+    setattr(mp_mem_kernels, _KERNEL, kernel)
+    return True
