@@ -79,7 +79,9 @@ def test_full_queue_is_refused_at_once_and_a_long_wait_is_dropped(busy_server):
         # Queue full: refused at once, OpenAI error envelope, Retry-After.
         t0 = time.monotonic()
         full = httpx.post(busy_server.base_url + "/v1/chat/completions", json={"model": "lmi-demo", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
-        assert time.monotonic() - t0 < 10  # refused without waiting out option.max_queue_wait (30 s)
+        # refused without waiting out option.max_queue_wait (30 s); the margin is for a CPU-starved
+        # CI machine (18 s seen with a second engine starting beside the suite)
+        assert time.monotonic() - t0 < 25
         assert full.status_code == 503 and int(full.headers["retry-after"]) >= 1
         assert "job_queue_size=1" in full.json()["error"]["message"]
         # ... and in LMI's format on /invocations.
