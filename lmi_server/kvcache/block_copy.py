@@ -56,21 +56,28 @@ def transfer_per_layer_fused(
     layouts (no transpose to do) go to `fallback`."""
     if not layer_tensors or not object_tensors:
         return
+    args = (layer_tensors, object_tensors, block_ids, n_block_ids, blocks_per_object, block_size,
+            format_spec, is_d2h, skip_prefix_n_blocks)
     if not format_spec.is_hnd:
-        fallback(layer_tensors, object_tensors, block_ids, n_block_ids, blocks_per_object,
-                 block_size, format_spec, is_d2h, skip_prefix_n_blocks)
+        fallback(*args)
         return
-    # The 5-D split view [NB, NH, BS, 2, HS] shares storage with the packed [NB, NH, BS, 2*HS].
-    layers = [layer.reshape(*layer.shape[:3], -1) if layer.dim() == 5 else layer for layer in layer_tensors]
+    try:
+        # Views only: a reshape that had to copy would take a store's or a hit's writes with it.
+        # The 5-D split view [NB, NH, BS, 2, HS] shares storage with the packed [NB, NH, BS, 2*HS].
+        layers = [layer.view(*layer.shape[:3], -1) if layer.dim() == 5 else layer for layer in layer_tensors]
+        _, heads, _, width = layers[0].shape
+        objects = [obj.view(len(layers), -1, heads * width) for obj in object_tensors]
+    except RuntimeError:
+        objects = []
+    if not objects or not all(obj.is_contiguous() for obj in objects):
+        fallback(*args)
+        return
     ids = block_ids.tolist() if isinstance(block_ids, torch.Tensor) else list(block_ids)
-    _, heads, _, width = layers[0].shape
-    n_layers = len(layers)
-    for object_idx, obj in enumerate(object_tensors):
+    for object_idx, tokens in enumerate(objects):
         valid = valid_range(object_idx, n_block_ids, blocks_per_object, block_size, skip_prefix_n_blocks)
         if valid is None:
             continue
         first, end, offset = valid
-        tokens = obj.reshape(n_layers, -1, heads * width)
         for position, block_id, length in consecutive_runs(ids[first:end]):
             t0 = offset + position * block_size
             t1 = t0 + length * block_size

@@ -90,3 +90,19 @@ def test_token_major_layouts_stay_with_lmcaches_kernel():
         fallback=lambda *a: called.append(a), valid_range=None,
     )
     assert len(called) == 1 and called[0][0] is layers
+
+
+def test_objects_it_cannot_view_go_to_lmcaches_kernel():
+    """A strided chunk (not LMCache's own buffers) is left to LMCache's kernel rather than copied
+    through a reshaped temporary that would drop the writes."""
+    called = []
+
+    class HeadMajor:
+        is_hnd = True
+
+    strided = torch.zeros(LAYERS, HEADS * 2 * HEAD, 2 * BLOCK).transpose(1, 2)
+    block_copy.transfer_per_layer_fused(
+        [torch.zeros(BLOCKS, HEADS, BLOCK, 2 * HEAD)], [strided], [1, 2], 2, 2, BLOCK, HeadMajor, True, 0,
+        fallback=lambda *a: called.append(a), valid_range=None,
+    )
+    assert len(called) == 1 and called[0][1][0] is strided
