@@ -9,8 +9,7 @@ the same places with one pass over them (benchmarks/kv_hit_path.py measures both
 
 `install()` swaps that one kernel (`_transfer_per_layer_fused` of LMCache's torch ops) for
 `transfer_per_layer_fused` below; every other layout, and every compiled (GPU) kernel, stays
-LMCache's.
-It runs in the engine's worker, where the connector is created.
+LMCache's. The connector installs it in the engine's processes when it is created.
 """
 
 from __future__ import annotations
@@ -27,8 +26,9 @@ _KERNEL = "_transfer_per_layer_fused"
 
 
 def consecutive_runs(block_ids: Sequence[int]) -> Iterator[tuple[int, int, int]]:
-    """(position, first block id, length) of each run of consecutive ids: vLLM hands out fresh
-    blocks mostly in order, so most chunks are one run and take one copy per layer."""
+    """(position, first block id, length) of each run of ascending consecutive ids: such a run
+    takes one copy per layer (vLLM's free list hands out ascending and descending runs; a
+    descending one takes a copy per block)."""
     start = 0
     for i in range(1, len(block_ids) + 1):
         if i == len(block_ids) or block_ids[i] != block_ids[i - 1] + 1:
