@@ -4,10 +4,11 @@ without and with its shipped EAGLE head, measured side by side in one run.
 
     python benchmarks/default_model.py                     # writes benchmarks/results/default_model.{json,png}
     python benchmarks/default_model.py --modes plain --concurrency 1
+    python benchmarks/default_model.py --modes plain eagle ngram --concurrency 1 4 16 --name default_model_spec
 
 Each mode starts `lmi-server serve` with no model option (the default assistant, as `make serve`);
 "eagle" adds only `OPTION_SPECULATIVE_METHOD=eagle` (the server then uses the draft head shipped
-for the built-in model); "bfloat16" / "float32" set only `OPTION_DTYPE`. Greedy streamed chat requests (held-out questions, never seen in the
+for the built-in model), "ngram" only `OPTION_SPECULATIVE_METHOD=ngram` (prompt lookup); "bfloat16" / "float32" set only `OPTION_DTYPE`. Greedy streamed chat requests (held-out questions, never seen in the
 draft's training) run at each concurrency level. Recorded: output tokens/s over the level, mean
 inter-token latency and time to first token per request, and, for EAGLE, the acceptance rate and
 mean acceptance length from vLLM's counters on /metrics (diffed around each level).
@@ -42,6 +43,7 @@ QUESTIONS = [
 MODES = {  # the only environment each mode adds to `make serve`'s
     "plain": {},
     "eagle": {"OPTION_SPECULATIVE_METHOD": "eagle"},
+    "ngram": {"OPTION_SPECULATIVE_METHOD": "ngram"},
     "bfloat16": {"OPTION_DTYPE": "bfloat16"},
     "float32": {"OPTION_DTYPE": "float32"},
 }
