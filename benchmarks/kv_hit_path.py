@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import long_doc_qa as ldqa  # noqa: E402
 from benchmarks.common import machine, save  # noqa: E402
+from tests.support import worker_hook  # noqa: E402
 
 
 def pickle_path_costs(spec, tokens: int, chunk_size: int = 256, repeats: int = 5) -> dict:
@@ -118,15 +119,15 @@ def pickle_path_costs(spec, tokens: int, chunk_size: int = 256, repeats: int = 5
     return out
 
 
-WORKER_TIMING_SHIM = """\
-# Written by benchmarks/kv_hit_path.py: times the engine worker's copy of each LMCache hit.
-import builtins, os, time
+# Run inside each server's engine processes (tests/support/worker_hook.py): times the worker's copy
+# of each LMCache hit into a file; with LMI_BENCH_LMCACHE_KERNEL=1 the worker also keeps LMCache's
+# own copy kernel.
+WORKER_TIMING = """\
+import os
+import time
 
-_log = os.environ.get("LMI_BENCH_SCATTER_LOG")
-_import = builtins.__import__
 
-
-def _instrument():
+def on_connector_import():
     from lmcache.v1.multiprocess.transfer_context import worker_transfer
 
     if os.environ.get("LMI_BENCH_LMCACHE_KERNEL") == "1":
@@ -134,31 +135,20 @@ def _instrument():
 
         block_copy.install = lambda: False
     scatter = worker_transfer.scatter_cpu_to_paged_kv
+    log = os.environ["LMI_BENCH_SCATTER_LOG"]
 
     def timed_scatter(*args, **kwargs):
         t0 = time.perf_counter()
         scatter(*args, **kwargs)
-        with open(_log, "a") as f:
+        with open(log, "a") as f:
             f.write(f"{time.perf_counter() - t0:.6f}\\n")
 
     worker_transfer.scatter_cpu_to_paged_kv = timed_scatter
-
-
-def _hook(name, *args, **kwargs):
-    module = _import(name, *args, **kwargs)
-    if name == "lmcache.integration.vllm.lmcache_mp_connector":
-        builtins.__import__ = _import
-        _instrument()
-    return module
-
-
-if _log:
-    builtins.__import__ = _hook
 """
 
 
 def worker_scatter_times(path: Path) -> list[float]:
-    """Seconds of each hit's copy inside the engine worker, in order (see WORKER_TIMING_SHIM)."""
+    """Seconds of each hit's copy inside the engine worker, in order (see WORKER_TIMING)."""
     try:
         return [float(x) for x in path.read_text().split()]
     except OSError:
@@ -253,10 +243,7 @@ def main() -> int:
     # (LMCache's scatter_cpu_to_paged_kv, inside the engine process) into a file; for the
     # side-by-side, the shm_lmcache_kernel servers also turn down block_copy.install(), so their
     # worker keeps LMCache's own copy kernel.
-    shim = work / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(WORKER_TIMING_SHIM)
-    shim_path = os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))
+    shim_path = worker_hook.install(work / "worker-hook", WORKER_TIMING)
 
     def env_for(i: int, name: str) -> dict:
         env = {"PYTHONPATH": shim_path, "LMI_BENCH_SCATTER_LOG": str(work / f"{i}-{name}-scatter.log")}

@@ -16,6 +16,7 @@ import pytest
 from lmi_server.kvcache.host import shm_free_bytes
 from tests.e2e.conftest import BASE_PROPS
 from tests.e2e.test_api import metric_value
+from tests.support import worker_hook
 from tests.support.server import ServerProcess, server_env, write_properties
 
 
@@ -168,44 +169,26 @@ def test_cache_server_killed_while_kv_is_being_stored_fails_no_request(lmcache_s
     assert complete(lmcache_server, "import os\n", 4)["choices"][0]["text"] is not None
 
 
-# Injected into every process of one server (a sitecustomize on PYTHONPATH): the engine worker's
-# copy of every LMCache hit into its KV cache raises, as when the cache server dies between the
-# lookup and the load.
-FAILING_LOADS = '''\
-import builtins
-
-_import = builtins.__import__
-
-
-def _break_loads():
+# Run inside the server's engine processes: the worker's copy of every LMCache hit into its KV
+# cache raises, as when the cache server dies between the lookup and the load.
+FAILING_LOADS = """\
+def on_connector_import():
     from lmcache.v1.multiprocess.transfer_context import worker_transfer
 
     def scatter_cpu_to_paged_kv(*args, **kwargs):
         raise RuntimeError("injected KV load failure")
 
     worker_transfer.scatter_cpu_to_paged_kv = scatter_cpu_to_paged_kv
-
-
-def _hook(name, *args, **kwargs):
-    module = _import(name, *args, **kwargs)
-    if name == "lmcache.integration.vllm.lmcache_mp_connector":
-        builtins.__import__ = _import
-        _break_loads()
-    return module
-
-
-builtins.__import__ = _hook
-'''
+"""
 
 
 def test_a_kv_load_that_fails_is_recomputed_not_failed(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("lmcache-failing-loads")
-    shim = tmp_path_factory.mktemp("failing-loads-shim")
-    (shim / "sitecustomize.py").write_text(FAILING_LOADS)
+    python_path = worker_hook.install(tmp_path_factory.mktemp("failing-loads"), FAILING_LOADS)
     (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
     props = {**BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
     write_properties(model_dir, props)
-    env = {**server_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))}
+    env = {**server_env(), "PYTHONPATH": python_path}
     proc = ServerProcess(model_dir, model_dir / "server.log", env=env).start()
     try:
         proc.wait_ready()
