@@ -193,10 +193,7 @@ def default_engine_memory(
     max_len = engine_args.get("max_model_len")
     if model_config is not None:
         try:
-            dtype = engine_args.get("kv_cache_dtype")
-            if not dtype or dtype == "auto":
-                dtype = engine_args.get("dtype") if engine_args.get("dtype") not in (None, "auto") else None
-            bytes_per_token = kv_footprint(model_config, dtype).bytes_per_token
+            bytes_per_token = kv_footprint(model_config, kv_dtype(engine_args)).bytes_per_token
         except ModelConfigError:
             bytes_per_token = None
         max_len = max_len or model_config.get("max_position_embeddings")
@@ -242,20 +239,31 @@ def _model_config(model_path: str) -> tuple[Path | None, dict[str, Any] | None]:
     return None, None
 
 
+def kv_dtype(engine_args: dict[str, Any]) -> str | None:
+    """The KV cache's dtype: kv_cache_dtype when set, else the engine's dtype (the KV follows it:
+    fp32 on CPUs without bf16); None for the model's own."""
+    for key in ("kv_cache_dtype", "dtype"):
+        value = engine_args.get(key)
+        if value and value != "auto":
+            return str(value)
+    return None
+
+
+def _max_model_len(model_config: dict[str, Any] | None, engine_args: dict[str, Any]) -> int:
+    """The engine's max_model_len: as set, else the model's max_position_embeddings, else 4096."""
+    return int(engine_args.get("max_model_len") or (model_config or {}).get("max_position_embeddings") or 4096)
+
+
 def longest_sequence_kv_bytes(model_config: dict[str, Any] | None, engine_args: dict[str, Any]) -> int | None:
     """KV bytes of one max_model_len sequence (all layers), or None when the model is not local
     or its config is not one the footprint knows."""
     if model_config is None:
         return None
-    kv_dtype = engine_args.get("kv_cache_dtype")
-    if not kv_dtype or kv_dtype == "auto":
-        kv_dtype = engine_args.get("dtype")  # the KV follows the engine's dtype (fp32 on some CPUs)
     try:
-        fp = kv_footprint(model_config, str(kv_dtype) if kv_dtype else None)
+        fp = kv_footprint(model_config, kv_dtype(engine_args))
     except (KeyError, TypeError, ValueError):
         return None
-    max_len = engine_args.get("max_model_len") or model_config.get("max_position_embeddings") or 4096
-    return int(max_len) * fp.bytes_per_token
+    return _max_model_len(model_config, engine_args) * fp.bytes_per_token
 
 
 def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePlan:
@@ -280,18 +288,19 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
                     "option.lmcache_auto_config needs the model's config.json locally; "
                     "use option.lmcache_config_file for hub models"
                 )
-            max_len = engine_args.get("max_model_len") or model_config.get("max_position_embeddings") or 4096
             kv_bytes = cfg.server.cpu_kv_cache_space * GIB if cfg.server.cpu_kv_cache_space else None
             engine = EngineFacts(
                 max_num_seqs=int(engine_args.get("max_num_seqs") or 256),
-                max_model_len=int(max_len),
+                max_model_len=_max_model_len(model_config, engine_args),
                 gpu_memory_utilization=float(engine_args.get("gpu_memory_utilization") or 0.9),
                 engine_kv_cache_bytes=kv_bytes or engine_args.get("kv_cache_memory_bytes"),
                 kv_cache_dtype=engine_args.get("kv_cache_dtype"),
             )
+        # the auto plan sizes the connector's timing from its own footprint
+        max_transfer = longest_sequence_kv_bytes(model_config, engine_args) if engine is None else None
         return build_kvcache_plan(
             opts, host=host, engine=engine, model_config=model_config, model_dir=cfg.model_dir,
-            max_transfer_bytes=longest_sequence_kv_bytes(model_config, engine_args),
+            max_transfer_bytes=max_transfer,
         )
     except (KVCacheConfigError, CacheDirError) as exc:
         raise ConfigError([str(exc)]) from exc

@@ -15,7 +15,7 @@ LMCache's. The connector installs it in the engine's processes when it is create
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -47,8 +47,8 @@ def transfer_per_layer_fused(
     is_d2h: bool,
     skip_prefix_n_blocks: int,
     *,
-    fallback: Any = None,
-    valid_range: Any = None,
+    fallback: Callable[..., None],
+    valid_range: Callable[..., tuple[int, int, int] | None],
 ) -> None:
     """Copy between chunk objects `[layers, chunk_tokens, heads * 2*head_size]` and per-layer paged
     tensors `[blocks, heads, block_size, 2*head_size]`, one strided copy per run of consecutive

@@ -136,14 +136,14 @@ def choose_shm(
     """Whether the CPU tier goes into /dev/shm (`mp_shm`; None = decide from the free space).
 
     Shared memory makes a hit a memory copy in the worker instead of clone, pickle, ZMQ, unpickle
-    (0.1-0.3 -> 3.5-4.4 GB/s in benchmarks/kv_hit_path.py), so it is the default on CPU hosts wherever
+    (about 0.3 -> 4-6 GB/s in benchmarks/kv_hit_path.py), so it is the default on CPU hosts wherever
     /dev/shm can hold the whole tier; a container's default /dev/shm (64 MiB in Docker) cannot."""
     if transfer_mode != "engine_driven":
         if requested:
             warnings.append("mp_shm applies to engine_driven transfer (CPU hosts) only; ignored on CUDA")
         return False
     if requested is False:
-        reasons.append("mp_shm: false: hits are pickled over ZMQ (about 0.1-0.3 GB/s)")
+        reasons.append("mp_shm: false: hits are pickled over ZMQ (about 0.3 GB/s)")
         return False
     fits = shm_free_bytes is not None and shm_free_bytes >= l1_bytes
     free = "unknown" if shm_free_bytes is None else f"{shm_free_bytes / GIB:.1f} GiB"
@@ -161,7 +161,7 @@ def choose_shm(
         return False
     warnings.append(
         f"/dev/shm has {free} free, less than the {l1_bytes / GIB:g} GiB CPU tier: hits are pickled over ZMQ "
-        "(about 0.1-0.3 GB/s instead of 3.5-4.4 GB/s); give /dev/shm the tier's size (docker run --shm-size=...) "
+        "(about 0.3 GB/s instead of 4-6 GB/s); give /dev/shm the tier's size (docker run --shm-size=...) "
         "or set mp_shm: false to silence this"
     )
     return False
