@@ -228,7 +228,9 @@ def test_killing_a_replica_moves_its_sessions_without_failed_requests(cluster):
         try:
             in_flight["result"] = httpx.post(
                 cluster.router.url + COMPLETIONS,
-                json={"model": MODEL, "prompt": "class Node:\n", "max_tokens": 400, "ignore_eos": True, "temperature": 0},
+                # long enough that the 0.2-s polls below surely see it running (400 tokens once
+                # finished between two polls on a quiet machine)
+                json={"model": MODEL, "prompt": "class Node:\n", "max_tokens": 3000, "ignore_eos": True, "temperature": 0},
                 headers={"X-Session-ID": sessions[victim_index][0]},
                 timeout=180,
             ).status_code
@@ -237,7 +239,8 @@ def test_killing_a_replica_moves_its_sessions_without_failed_requests(cluster):
 
     thread = threading.Thread(target=long_request)
     thread.start()
-    assert wait_for(lambda: metric_value(metrics(victim.url), "vllm:num_requests_running") or 0, timeout=60, every=0.2)
+    running = wait_for(lambda: metric_value(metrics(victim.url), "vllm:num_requests_running") or 0, timeout=60, every=0.2)
+    assert running, f"the long request never ran on the victim: {in_flight}"
     victim.kill()
     thread.join(200)
     assert not victim.alive
