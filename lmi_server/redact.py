@@ -15,9 +15,24 @@ import threading
 MASK = "***"
 SECRET_KEY_RE = re.compile(r"(api_?key|password|passwd|secret|token|credential)", re.IGNORECASE)
 
+_KEY_VALUE_RE = re.compile(
+    r"""(["']?(?:password|passwd|api_?key|secret|token)["']?\s*[:=]\s*(["']?))(?!(?:null|None|true|false)\b)([^"',\s}]+)""",
+    re.IGNORECASE,
+)
+# An unquoted number after "token:" is prose ("KV per token: 2 (K,V)", "per token = 46,603"), the
+# figures operators read; a quoted value, or one with anything but digits, is masked.
+_NUMBER_RE = re.compile(r"[\d.,]+")
+
+
+def _mask_key_value(m: re.Match) -> str:
+    if not m.group(2) and _NUMBER_RE.fullmatch(m.group(3)):
+        return m.group(0)
+    return m.group(1) + MASK
+
+
 _PATTERNS = [
     (re.compile(r"(://[^:/@\s]*:)[^@\s/]+@"), r"\1" + MASK + "@"),  # scheme://user:password@host
-    (re.compile(r"""(["']?(?:password|passwd|api_?key|secret|token)["']?\s*[:=]\s*["']?)(?!(?:null|None|true|false)\b)[^"',\s}]+""", re.IGNORECASE), r"\1" + MASK),
+    (_KEY_VALUE_RE, _mask_key_value),
     (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE), r"\1" + MASK),
 ]
 _secrets: set[str] = set()

@@ -109,14 +109,33 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
         engine_args["kv_cache_memory_bytes"] = memory.kv_cache_bytes
     if kv_plan is None:
         kv_plan = plan_kv_cache(cfg, engine_args)
+    preflight_checks(engine_args, kv_plan)
     if kv_plan.kv_transfer_config is not None:
         engine_args["kv_transfer_config"] = kv_plan.kv_transfer_config
     env.update(kv_plan.env)
+    frontend_args = resolve_frontend_args(cfg, engine_args)
+    builtin_tool_defaults(cfg, engine_args, frontend_args, notes)
     return Runtime(
         cfg=cfg, engine_args=engine_args, env=env, kv_plan=kv_plan, notes=notes,
         engine_memory=memory.to_dict() if memory is not None else None,
-        frontend_args=resolve_frontend_args(cfg, engine_args),
+        frontend_args=frontend_args,
     )
+
+
+def preflight_checks(engine_args: dict[str, Any], kv_plan: KVCachePlan) -> None:
+    """Refuse in the dry run what the engine's own checks would refuse at start-up."""
+    from lmi_server.preflight import check_chunk_size, check_max_model_len
+
+    _, model_config = _model_config(str(engine_args["model"]))
+    chunk = kv_plan.tiers.chunk_size if kv_plan.tiers is not None else None
+    problems = [
+        p for p in (
+            check_max_model_len(engine_args, model_config),
+            check_chunk_size(chunk, engine_args, gpu=host.gpu_count() > 0),
+        ) if p
+    ]
+    if problems:
+        raise ConfigError(problems)
 
 
 def resolve_frontend_args(cfg: ServingConfig, engine_args: dict[str, Any]) -> dict[str, Any]:
@@ -142,17 +161,44 @@ def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: lis
 
     Eager mode on CPU: for models this small, torch.compile adds minutes to every start and buys
     little decode speed (measured in the README), and in bf16 it changed greedy answers.
-    float32 on a CPU without native bfloat16: the assistant's weights are bf16, and on an AVX2-only
-    host bf16 ran at 0.38x the tokens/s of fp32 with 8 clients and 4x its time to first token
+    float32 on every CPU: the assistant's first answer to the README's question is a near-tie
+    ("The" 0.155 vs "L" 0.14), and vLLM's bf16 kernels on AVX-512 BF16 / AMX hosts flip it, so in
+    bf16 the built-in answers would depend on the host's instruction set. On an AVX2-only host
+    bf16 is also slower: 0.38x the tokens/s of fp32 with 8 clients and 4x its time to first token
     (benchmarks/results/default_model_dtype.json)."""
     if cfg.model.source not in ("demo", "assistant") or host.gpu_count() > 0:
         return
     if "enforce_eager" not in engine_args and "compilation_config" not in engine_args:
         engine_args["enforce_eager"] = True
         notes.append("built-in model on a CPU host: enforce_eager=true (set option.enforce_eager=false to compile)")
-    if engine_args.get("dtype") in (None, "auto") and host.cpu_has_native_bf16() is False:
+    if engine_args.get("dtype") in (None, "auto"):
         engine_args["dtype"] = "float32"
-        notes.append("built-in model on a CPU without native bfloat16: dtype=float32 (set option.dtype to choose)")
+        native = host.cpu_has_native_bf16()
+        why = {True: "the same answers as on CPUs without native bfloat16", False: "no native bfloat16 on this CPU",
+               None: "the same answers on every CPU"}[native]
+        notes.append(f"built-in model on a CPU host: dtype=float32 ({why}; set option.dtype to choose)")
+
+
+# What makes an OpenAI client's tools work on the built-in models with no option: vLLM's pythonic
+# parser forces a named or required call's JSON with structured output, and compact JSON keeps a
+# small model from padding it with whitespace until max_tokens.
+BUILTIN_TOOL_FRONTEND = {"enable_auto_tool_choice": True, "tool_call_parser": "pythonic"}
+BUILTIN_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
+def builtin_tool_defaults(cfg: ServingConfig, engine_args: dict[str, Any], frontend_args: dict[str, Any], notes: list[str]) -> None:
+    """Tool calling on for the built-in models unless the user configured any part of it."""
+    if cfg.model.source not in ("demo", "assistant"):
+        return
+    if any(k in frontend_args for k in ("enable_auto_tool_choice", "tool_call_parser", "tool_parser_plugin")):
+        return
+    frontend_args.update(BUILTIN_TOOL_FRONTEND)
+    if "structured_outputs_config" not in engine_args:
+        engine_args["structured_outputs_config"] = dict(BUILTIN_STRUCTURED_OUTPUTS)
+    notes.append(
+        "built-in model: tool calling on (enable_auto_tool_choice=true, tool_call_parser=pythonic, "
+        "structured outputs xgrammar without whitespace; set option.tool_call_parser to choose)"
+    )
 
 
 def user_sized_engine_memory(cfg: ServingConfig, engine_args: dict[str, Any]) -> str | None:

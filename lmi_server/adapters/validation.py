@@ -8,12 +8,15 @@ data, so registering a hundred adapters stays far under a second. Every failure 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -148,6 +151,7 @@ class AdapterSpec:
     has_formatter: bool
     weight_bytes: int
     config: dict[str, Any] = field(default_factory=dict, repr=False)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _target_modules(cfg: dict[str, Any]) -> list[str]:
@@ -193,12 +197,16 @@ def inspect_adapter(
         )
     targets = _target_modules(cfg)
     base_name = cfg.get("base_model_name_or_path")
+    warnings: list[str] = []
     if base is not None and base_name and base.names and str(base_name) not in base.names:
-        short = Path(str(base_name)).name
-        if short not in base.names:
-            raise AdapterInvalid(
-                f"adapter {name!r} was trained for base model {base_name!r}, but this server serves "
-                f"{sorted(n for n in base.names if '/' not in n) or sorted(base.names)}"
+        if Path(str(base_name)).name not in base.names:
+            # A name says where the base came from (a hub id, a training machine's path), not what
+            # it is: the same model served from /opt/ml/model has another name. The tensors decide.
+            served = sorted(n for n in base.names if "/" not in n) or sorted(base.names)
+            check = "its tensors match the served model's shapes" if base.shapes else "the served model's shapes are unknown here"
+            warnings.append(
+                f"adapter {name!r} names base model {base_name!r}, this server serves {served}; "
+                f"accepted because {check}"
             )
     if base is not None and base.module_names:
         missing = [t for t in targets if t not in base.module_names]
@@ -238,6 +246,8 @@ def inspect_adapter(
             f"adapter {name!r}: {WEIGHTS_FILE} holds no LoRA tensors (expected keys like "
             "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)"
         )
+    for warning in warnings:
+        log.warning("adapters: %s", warning)
     return AdapterSpec(
         name=name,
         path=path,
@@ -248,4 +258,5 @@ def inspect_adapter(
         has_formatter=(path / FORMATTER_FILE).is_file(),
         weight_bytes=weight_bytes,
         config=cfg,
+        warnings=warnings,
     )

@@ -73,12 +73,16 @@ _EXAMPLES = {"int": "4096", "float": "0.9", "bool": "true", "json": '{"key": "va
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
-_LONG_QUOTED = re.compile(r"'([^']{120})[^']{40,}'")
+# A value as problems quote it: `option.key='...'` (repr, so either quote); apostrophes in prose
+# ("the engine worker's ... model's") are not values.
+_LONG_QUOTED = re.compile(r"""(?<==)(['"])((?:(?!\1).){120})(?:(?!\1).){40,}\1""")
 
 
 def _clip_values(problem: str) -> str:
     """Quote at most the start of a very long value: an error must name the key, not echo a megabyte."""
-    return _LONG_QUOTED.sub(lambda m: f"'{m.group(1)}...' ({len(m.group(0)) - 2:,} characters)", problem)
+    return _LONG_QUOTED.sub(
+        lambda m: f"{m.group(1)}{m.group(2)}...{m.group(1)} ({len(m.group(0)) - 2:,} characters)", problem
+    )
 
 
 class ConfigError(ValueError):

@@ -10,6 +10,7 @@ before the cache server starts, instead of a stream of failed writes afterwards.
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import shutil
@@ -124,9 +125,19 @@ def probe_disk(path: Path) -> DiskInfo:
 
 
 def safetensors_bytes(model_dir: Path | None) -> int | None:
-    """Sum of `*.safetensors` file sizes in a local model directory; None if there are none."""
+    """The weights' bytes in a local model directory: the `metadata.total_size` that a sharded
+    model's `model.safetensors.index.json` states (known before, or without, every shard on disk),
+    else the sum of `*.safetensors` file sizes; None if neither is there."""
     if model_dir is None or not model_dir.is_dir():
         return None
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+        except (OSError, ValueError, AttributeError):
+            total = None
+        if isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0:
+            return int(total)
     sizes = [p.stat().st_size for p in model_dir.glob("*.safetensors")]
     return sum(sizes) if sizes else None
 

@@ -245,11 +245,23 @@ def _edit_config(path: Path, **changes) -> None:
     (path / "adapter_config.json").write_text(json.dumps(cfg))
 
 
+def _widen_lora_a(path: Path) -> None:
+    """Give every lora_A one more input column: tensors of a base with another hidden size."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    for key, value in list(tensors.items()):
+        if ".lora_A." in key:
+            tensors[key] = np.concatenate([value, np.zeros((value.shape[0], 1), value.dtype)], axis=1)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+
+
 @pytest.mark.parametrize(
     "case, expected",
     [
         ("rank", "exceeds option.max_lora_rank=8"),
-        ("base", "trained for base model"),
+        ("base", "wrong base model"),
         ("missing", "adapter_model.safetensors is missing"),
         ("corrupt", "corrupt"),
         ("targets", "do not exist in the base model"),
@@ -270,8 +282,9 @@ def test_register_validation_errors_are_400(lora, tmp_path, case, expected):
         path = _copy(lora, "hello-printer", name)
         if case == "rank":
             _edit_config(path, r=16)
-        elif case == "base":
+        elif case == "base":  # another base's name AND its shapes: the shapes refuse it
             _edit_config(path, base_model_name_or_path="meta-llama/Llama-3.1-8B")
+            _widen_lora_a(path)
         elif case == "missing":
             (path / "adapter_model.safetensors").unlink()
         elif case == "corrupt":
@@ -322,3 +335,15 @@ def test_register_use_and_delete_through_the_api(lora):
     assert httpx.delete(lora.base_url + "/models/lmi-demo/adapters/fresh").status_code == 200
     assert httpx.get(lora.base_url + "/models/other-model/adapters").status_code == 404
     assert_healthy(lora)
+
+
+def test_an_adapter_fine_tuned_from_a_hub_id_serves_when_its_tensors_match(lora):
+    # The normal case on SageMaker: trained from "org/name", served from a local directory.
+    path = _copy(lora, "hello-printer", "from-hub")
+    _edit_config(path, base_model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")
+    r = post(lora, "/adapters", {"name": "from-hub", "src": "from-hub"})
+    assert r.status_code == 200, r.text
+    r = lmi(lora, adapter="from-hub")
+    assert r.status_code == 200 and r.json()["generated_text"].startswith(HELLO), r.text
+    assert "names base model 'HuggingFaceTB/SmolLM2-135M-Instruct'" in lora.log_path.read_text(errors="replace")
+    assert httpx.delete(lora.base_url + "/adapters/from-hub").status_code == 200

@@ -56,6 +56,33 @@ def test_make_serve_answers_with_no_option(make_serve):
     assert "Paris" in answer.choices[0].message.content
 
 
+def test_make_serve_tools_work_with_no_option(make_serve):
+    import json
+
+    from openai import OpenAI
+
+    from tests.e2e.test_tools import WEATHER_TOOL, check_against_schema
+
+    client = OpenAI(base_url=make_serve.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    answer = client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=[{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=120,
+        temperature=0,
+    )
+    (call,) = answer.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    check_against_schema(json.loads(call.function.arguments))
+
+
+def test_make_serve_runs_the_assistant_in_float32_whatever_the_cpu(make_serve):
+    # bf16 kernels on AVX-512 BF16 / AMX hosts flip the near-tie first token of the answer above.
+    log = make_serve.log_path.read_text(errors="replace")
+    assert "dtype=float32" in log and "torch.bfloat16" not in log
+
+
 def test_make_serve_chose_the_engine_memory_itself(make_serve):
     log = make_serve.log_path.read_text(errors="replace")
     # The server passed an explicit KV size, so vLLM did not apply its node-utilization rule.

@@ -39,7 +39,7 @@ def test_a_local_model_directory_resolves_without_an_engine(tmp_path, monkeypatc
 
 def test_an_lmcache_file_gives_the_engine_a_kv_connector(tmp_path):
     d = model_dir(tmp_path)
-    (d / "lmcache.yaml").write_text("chunk_size: 16\nmax_local_cpu_size: 1\n")
+    (d / "lmcache.yaml").write_text("chunk_size: 256\nmax_local_cpu_size: 1\n")
     cfg = build_serving_config({"option.lmcache_config_file": "lmcache.yaml", "option.max_model_len": "1024"}, d)
     runtime = resolve_runtime(cfg, build_demo=False)
     assert runtime.kv_plan.mode == "mp" and runtime.kv_plan.server_argv
@@ -51,7 +51,7 @@ def test_an_lmcache_file_gives_the_engine_a_kv_connector(tmp_path):
 
 def test_start_up_log_states_the_lmcache_plan_and_its_warnings(tmp_path, caplog):
     d = model_dir(tmp_path)
-    (d / "lmcache.yaml").write_text("chunk_size: 16\nmax_local_cpu_size: 1\nmp_shm: true\n")
+    (d / "lmcache.yaml").write_text("chunk_size: 256\nmax_local_cpu_size: 1\nmp_shm: true\n")
     cfg = build_serving_config({"option.lmcache_config_file": "lmcache.yaml", "option.max_model_len": "1024"}, d)
     runtime = resolve_runtime(cfg, build_demo=False)
     runtime.kv_plan.warnings.append("example warning")
@@ -95,14 +95,18 @@ def test_native_bf16_is_read_from_cpu_flags(tmp_path, text, native):
 @pytest.mark.parametrize(
     ("source", "given", "native", "expected"),
     [
-        ("assistant", None, False, "float32"),  # bf16 weights on an AVX2-only CPU: run them in fp32
-        ("assistant", None, True, None),  # native bf16: the model's own dtype
-        ("assistant", None, None, None),  # unknown CPU: leave it to vLLM
-        ("assistant", "bfloat16", False, "bfloat16"),  # the user's choice wins
-        ("local", None, False, None),  # a user's model keeps vLLM's behaviour
+        ("assistant", None, False, "float32"),  # AVX2-only CPU (no native bf16)
+        ("assistant", None, True, "float32"),  # AVX-512 BF16 / AMX: bf16 kernels flip the near-tie answer
+        ("assistant", None, None, "float32"),  # unknown CPU: the same rule
+        ("demo", None, True, "float32"),
+        ("assistant", "auto", True, "float32"),
+        ("assistant", "bfloat16", True, "bfloat16"),  # the user's choice wins
+        ("assistant", "bfloat16", False, "bfloat16"),
+        ("local", None, True, None),  # a user's model keeps vLLM's behaviour
+        ("local", None, False, None),
     ],
 )
-def test_builtin_models_run_float32_on_cpus_without_bf16(monkeypatch, source, given, native, expected):
+def test_builtin_models_run_float32_on_every_cpu_kind(monkeypatch, source, given, native, expected):
     from types import SimpleNamespace
 
     from lmi_server import runtime
@@ -142,3 +146,38 @@ def test_cpu_engines_run_without_onednn_global_primitive_cache(tmp_path, monkeyp
     for key in set(os.environ) - before:  # leave the test process's environment as it was
         os.environ.pop(key)
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
+
+
+@pytest.mark.parametrize(
+    ("source", "frontend", "engine", "expect_tools"),
+    [
+        ("assistant", {}, {}, True),
+        ("demo", {}, {}, True),
+        ("assistant", {"tool_call_parser": "hermes"}, {}, False),  # the user's choice stands
+        ("assistant", {"enable_auto_tool_choice": False}, {}, False),
+        ("local", {}, {}, False),  # a user's model: vLLM's defaults
+    ],
+)
+def test_tool_calling_is_on_for_the_builtin_models_unless_configured(source, frontend, engine, expect_tools):
+    from types import SimpleNamespace
+
+    from lmi_server import runtime
+
+    frontend_args, engine_args = dict(frontend), dict(engine)
+    runtime.builtin_tool_defaults(SimpleNamespace(model=SimpleNamespace(source=source)), engine_args, frontend_args, [])
+    if expect_tools:
+        assert frontend_args == {"enable_auto_tool_choice": True, "tool_call_parser": "pythonic"}
+        assert engine_args["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
+    else:
+        assert frontend_args == frontend and "structured_outputs_config" not in engine_args
+
+
+def test_builtin_tool_defaults_keep_a_users_structured_outputs_backend():
+    from types import SimpleNamespace
+
+    from lmi_server import runtime
+
+    engine_args = {"structured_outputs_config": {"backend": "guidance"}}
+    frontend_args: dict = {}
+    runtime.builtin_tool_defaults(SimpleNamespace(model=SimpleNamespace(source="assistant")), engine_args, frontend_args, [])
+    assert frontend_args["tool_call_parser"] == "pythonic" and engine_args["structured_outputs_config"] == {"backend": "guidance"}

@@ -34,10 +34,25 @@ def test_rank_above_max(tmp_path, base_info):
         inspect_adapter("big", d, max_rank=8, base=base_info)
 
 
-def test_base_model_mismatch(tmp_path, base_info):
-    d = make_adapter(tmp_path, "other", base_name="meta-llama/Llama-3-8B")
-    with pytest.raises(AdapterInvalid, match="trained for base model 'meta-llama/Llama-3-8B'"):
+def test_an_adapter_naming_another_base_is_accepted_when_its_tensors_match(tmp_path, base_info, caplog):
+    # Fine-tuned from the hub id, served from a local directory (as on SageMaker): same tensors.
+    d = make_adapter(tmp_path, "from-hub", base_name="HuggingFaceTB/SmolLM2-135M-Instruct")
+    with caplog.at_level("WARNING", logger="lmi_server.adapters.validation"):
+        spec = inspect_adapter("from-hub", d, max_rank=8, base=base_info)
+    assert spec.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert spec.warnings and "HuggingFaceTB/SmolLM2-135M-Instruct" in spec.warnings[0]
+    assert "tensors match" in caplog.text
+
+
+def test_an_adapter_naming_another_base_with_other_shapes_is_refused(tmp_path, base_info):
+    d = make_adapter(tmp_path, "other", base_name="meta-llama/Llama-3-8B", hidden=16)
+    with pytest.raises(AdapterInvalid, match="wrong base model"):
         inspect_adapter("other", d, max_rank=8, base=base_info)
+
+
+def test_the_served_name_matching_gives_no_warning(tmp_path, base_info):
+    spec = inspect_adapter("good", make_adapter(tmp_path, "good"), max_rank=8, base=base_info)
+    assert spec.warnings == []
 
 
 def test_shape_mismatch_means_wrong_base(tmp_path, base_info):

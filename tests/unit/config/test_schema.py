@@ -249,3 +249,16 @@ def test_loader_explicit_properties_path(model_dir, tmp_path):
 def test_every_key_is_lowercase_and_unique():
     keys = all_known_keys()
     assert len(keys) == len(set(keys)) and all(k == k.lower() for k in keys)
+
+
+def test_long_values_are_clipped_but_prose_with_apostrophes_is_not():
+    from lmi_server.config.schema import ConfigError
+
+    prose = (
+        "too little memory for the engine's KV cache: (usable memory = min(MemAvailable 22.95 GiB, free on "
+        "NUMA node 0 (the engine worker's) 13.94 GiB of 14.21 GiB) = 13.94 GiB; headroom = 13.94 GiB usable - "
+        "weights 135.43 GiB) and the model's context"
+    )
+    assert ConfigError([prose]).problems == [prose]
+    clipped = ConfigError(["option.chat_template=" + repr("x" * 500) + ": not a file"]).problems[0]
+    assert "(500 characters)" in clipped and len(clipped) < 200 and clipped.endswith(": not a file")

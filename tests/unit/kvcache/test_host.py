@@ -29,6 +29,19 @@ def test_safetensors_sum_and_unknown(tmp_path):
     assert h.available_ram_bytes > 0
 
 
+def test_a_sharded_models_index_states_its_weights_before_the_shards_are_there(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text("{}")
+    index = {"metadata": {"total_size": 145_412_407_296}, "weight_map": {"lm_head.weight": "model-00037-of-00037.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert safetensors_bytes(tmp_path) == 145_412_407_296
+    (tmp_path / "model-00001-of-00037.safetensors").write_bytes(b"x" * 10)  # one shard downloaded
+    assert safetensors_bytes(tmp_path) == 145_412_407_296
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {}}')  # no total: the files
+    assert safetensors_bytes(tmp_path) == 10
+
+
 def test_probe_disk_of_a_future_directory(tmp_path):
     d = probe_disk(tmp_path / "not" / "yet")
     assert d.free_bytes > 0 and d.block_size >= 512
