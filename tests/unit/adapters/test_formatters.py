@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lmi_server.adapters.formatters import FormatterContext, FormatterError, load_formatters
 
 UPPER = "PREFIX = 'A'\ndef output_formatter(text, context):\n    return PREFIX + text.upper()\n"
 LOWER = "PREFIX = 'B'\ndef output_formatter(text):\n    return PREFIX + text.lower()\n"
-DECORATED = (
-    "from lmi_server.adapters.formatters import input_formatter, output_formatter\n"
-    "@input_formatter\ndef pre(req, ctx):\n    req['seen'] = ctx.adapter\n"
-    "@output_formatter\ndef post(text):\n    return '<' + text + '>'\n"
+# LMI's documented form: djl_python's decorators, a payload dict in, the response object out.
+LMI_STYLE = (
+    "from djl_python.input_parser import input_formatter\n"
+    "from djl_python.output_formatter import output_formatter\n"
+    "@input_formatter\ndef pre(decoded_payload, tokenizer=None):\n"
+    "    return {'inputs': decoded_payload['question'], 'parameters': {'max_new_tokens': 4}, 'tok': tokenizer}\n"
+    "@output_formatter\ndef post(response):\n    return {'answer': response['text']}\n"
 )
 
 
@@ -42,11 +47,55 @@ def test_each_script_in_its_own_namespace(tmp_path):
     assert again.module_name != a.module_name and again.format_output("x", ctx()) == "AX"
 
 
-def test_decorated_formatters(tmp_path):
-    f = load_formatters("d", write(tmp_path, "d", DECORATED))
-    req = {}
-    assert f.format_input(req, ctx("d")) is req and req["seen"] == "d"
-    assert f.format_output("x", ctx("d")) == "<x>"
+def test_lmi_decorated_formatters_take_the_payload_and_the_response(tmp_path):
+    f = load_formatters("d", write(tmp_path, "d", LMI_STYLE))
+    assert f.input is None and f.output is None  # the decorators, imported by name, are not formatters
+    body = f.format_payload({"question": "Why?"}, tokenizer="TOK")
+    assert body == {"inputs": "Why?", "parameters": {"max_new_tokens": 4}, "tok": "TOK"}
+    assert f.format_response({"text": "because"}) == {"answer": "because"}
+
+
+def test_an_lmi_input_formatter_without_a_tokenizer_argument(tmp_path):
+    text = "from djl_python.input_parser import input_formatter\n@input_formatter\ndef pre(p):\n    return {'inputs': p['q']}\n"
+    f = load_formatters("n", write(tmp_path, "n", text))
+    assert f.format_payload({"q": "x"}, tokenizer=object()) == {"inputs": "x"}
+
+
+def test_an_lmi_input_formatter_must_return_a_body(tmp_path):
+    text = "from djl_python.input_parser import input_formatter\n@input_formatter\ndef pre(p, **kw):\n    return 'text'\n"
+    f = load_formatters("s", write(tmp_path, "s", text))
+    with pytest.raises(FormatterError, match="returned str; it must return the request body as a dict"):
+        f.format_payload({})
+
+
+def test_helper_modules_beside_model_py_are_importable(tmp_path):
+    d = write(tmp_path, "h", "import my_helper_xyz\nfrom djl_python.output_formatter import output_formatter\n"
+              "@output_formatter\ndef post(r):\n    return my_helper_xyz.wrap(r)\n")
+    (d / "my_helper_xyz.py").write_text("def wrap(r):\n    return {'wrapped': r}\n")
+    assert load_formatters("h", d).format_response(1) == {"wrapped": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        ("from djl_python.input_parser import init_handler\n@init_handler\ndef init(d, **kw):\n    return None\n", "@init_handler"),
+        ("def handle(inputs):\n    return None\n", "handle()"),
+        ("def model_fn(d):\n    return None\n", "model_fn()"),
+    ],
+)
+def test_custom_handlers_are_refused_with_the_reason(tmp_path, text, refused):
+    with pytest.raises(FormatterError, match=re.escape(refused)):
+        load_formatters("c", write(tmp_path, "c", text))
+
+
+def test_a_model_level_script_takes_lmis_contract_only(tmp_path):
+    from lmi_server.adapters.formatters import load_model_formatters
+
+    assert load_model_formatters(None).empty and load_model_formatters(tmp_path).empty
+    f = load_model_formatters(write(tmp_path, "m", LMI_STYLE))
+    assert f.payload_input is not None and f.response_output is not None and f.owner == "the model"
+    with pytest.raises(FormatterError, match="marks no function with @input_formatter"):
+        load_model_formatters(write(tmp_path, "plain", UPPER))
 
 
 def test_import_failure_is_a_clear_error(tmp_path):

@@ -1,0 +1,208 @@
+"""LMI's formatter contract on the request path: the payload formatter where the body is read,
+the response formatter where the response is made (see lmi_server/adapters/formatters.py).
+
+Which script applies: the adapter named by the request (header `X-Amzn-SageMaker-Adapter-Identifier`,
+else the body's `adapters`, else an OpenAI `model` naming an adapter), per direction, when its
+model.py has a formatter for that direction; else the model directory's model.py. A formatter
+that fails is LMI's 424. The text contract of adapters (`adapter_routing.py`) runs after the body
+is parsed and is untouched by this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from lmi_server.adapters.formatters import FormatterError, Formatters
+from lmi_server.api.adapter_routing import ADAPTER_HEADER, close_streams
+from lmi_server.api.errors import APIError, stream_error_event
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "lmi_response_formatter"
+NO_FORMATTERS = Formatters(owner="the model")
+
+
+def _adapter_named(request: Request, body: Any) -> str | None:
+    name = request.headers.get(ADAPTER_HEADER)
+    if name:
+        return name
+    if not isinstance(body, dict):
+        return None
+    adapters = body.get("adapters")
+    if isinstance(adapters, str) and adapters:
+        return adapters
+    if isinstance(adapters, list) and len(set(map(str, adapters))) == 1:
+        return str(adapters[0])
+    model = body.get("model")
+    return model if isinstance(model, str) and model else None
+
+
+def _adapter_formatters(request: Request, name: str | None) -> Formatters | None:
+    if name is None:
+        return None
+    manager = getattr(request.app.state, "adapters", None)
+    try:
+        registry = manager.registry() if manager is not None else None
+        return registry.get(name).formatters if registry is not None else None
+    except Exception:  # noqa: BLE001 - not an adapter (a base model name) or not ready: the resolver says so later
+        return None
+
+
+def _tokenizer(request: Request) -> Any:
+    engine = getattr(request.app.state.engine_owner.state, "engine", None)
+    try:
+        return engine.get_tokenizer() if engine is not None else None
+    except Exception:  # noqa: BLE001 - a formatter that needs it will say so itself
+        return None
+
+
+def apply_payload_formatter(request: Request, body: Any, *, lmi: bool) -> Any:
+    """The body as the payload formatter returns it; records which response formatter applies."""
+    model_level: Formatters = getattr(request.app.state, "model_formatters", None) or NO_FORMATTERS
+    adapter = _adapter_formatters(request, _adapter_named(request, body))
+    source_in = adapter if adapter is not None and adapter.has_input else model_level
+    source_out = adapter if adapter is not None and adapter.has_output else model_level
+    if source_out.response_output is not None:
+        request.scope.setdefault("state", {})[STATE_KEY] = (source_out, lmi)
+    if source_in.payload_input is None:
+        return body
+    try:
+        return source_in.format_payload(body, tokenizer=_tokenizer(request))
+    except FormatterError as exc:
+        log.warning("formatters: %s", exc)
+        raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
+
+
+def response_formatter(request: Request) -> tuple[Formatters, bool] | None:
+    return request.scope.get("state", {}).get(STATE_KEY)
+
+
+def _encode(value: Any) -> bytes | None:
+    """What a formatter returned, as bytes to send: models and JSON values as JSON, text as is."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if hasattr(value, "model_dump_json"):
+        return value.model_dump_json().encode("utf-8")
+    return json.dumps(value, default=str).encode("utf-8")
+
+
+def formatted_response(request: Request, result: Any, headers: dict[str, str] | None) -> Response:
+    """A non-streaming response: the formatter's return value on vLLM's response object."""
+    formatters, lmi = response_formatter(request)  # type: ignore[misc]
+    try:
+        value = formatters.format_response(result)
+    except FormatterError as exc:
+        log.warning("formatters: %s", exc)
+        raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
+    if isinstance(value, (dict, list)) or hasattr(value, "model_dump_json"):
+        return Response(_encode(value), media_type="application/json", headers=headers)
+    if value is None:
+        return JSONResponse(None, headers=headers)
+    content = _encode(value) or b""
+    try:
+        json.loads(content)
+        media = "application/json"
+    except ValueError:
+        media = "text/plain; charset=utf-8"
+    return Response(content, media_type=media, headers=headers)
+
+
+def _chunk_object(data: dict) -> Any:
+    """A streamed chunk as vLLM's own chunk type, so that formatters see what they see in LMI."""
+    kind = data.get("object")
+    try:
+        if kind == "chat.completion.chunk":
+            from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStreamResponse
+
+            return ChatCompletionStreamResponse.model_validate(data)
+        if kind == "text_completion":
+            from vllm.entrypoints.openai.completion.protocol import CompletionStreamResponse
+
+            return CompletionStreamResponse.model_validate(data)
+    except Exception:  # noqa: BLE001 - an unexpected shape is handed over as the dict it is
+        log.debug("stream chunk kept as a dict", exc_info=True)
+    return data
+
+
+def _events(text: str) -> list[str]:
+    return [line[len("data: "):].strip() for line in text.splitlines() if line.startswith("data: ")]
+
+
+class _ChunkFormatter:
+    def __init__(self, formatters: Formatters, kind: str):
+        self.formatters = formatters
+        self.kind = kind  # sse | jsonl
+
+    def feed(self, chunk: Any) -> bytes:
+        text = chunk.decode("utf-8") if isinstance(chunk, bytes) else str(chunk)
+        out: list[bytes] = []
+        for data in _events(text):
+            if data == "[DONE]":
+                if self.kind == "sse":
+                    out.append(b"data: [DONE]\n\n")
+                continue
+            try:
+                parsed = json.loads(data)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed:
+                raw = json.dumps(parsed).encode()  # vLLM's own mid-stream error: passed on as it is
+            else:
+                raw = _encode(self.formatters.format_response(_chunk_object(parsed)))
+            if raw is None:
+                continue
+            out.append(b"data: " + raw + b"\n\n" if self.kind == "sse" else raw + b"\n")
+        return b"".join(out)
+
+
+async def formatted_stream(request: Request, body: AsyncIterator[Any], kind: str, media_type: str,
+                           headers: dict[str, str] | None) -> StreamingResponse:
+    """A streaming response with the formatter applied to each chunk object. A formatter that
+    fails on the first chunk makes the response a 424; later, the stream ends with an error event."""
+    formatters, lmi = response_formatter(request)  # type: ignore[misc]
+    state = request.scope.setdefault("state", {})
+    chunks = body.__aiter__()
+    fmt = _ChunkFormatter(formatters, kind)
+    first = b""
+    ended = False
+    try:
+        while not first:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                ended = True
+                break
+            first = fmt.feed(chunk)
+    except FormatterError as exc:
+        log.warning("formatters: %s", exc)
+        await close_streams(state)
+        raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
+
+    async def rest():
+        if first:
+            yield first
+        if ended:
+            return
+        try:
+            async for chunk in chunks:
+                out = fmt.feed(chunk)
+                if out:
+                    yield out
+                await asyncio.sleep(0)  # a source that is always ready must not hold the event loop
+        except FormatterError as exc:
+            log.warning("formatters: %s", exc)
+            yield stream_error_event(APIError(424, f"Custom formatter failed: {exc}", lmi=kind == "jsonl"), kind)
+            await close_streams(state)
+
+    return StreamingResponse(rest(), media_type=media_type, headers=headers)
