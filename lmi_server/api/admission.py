@@ -1,54 +1,123 @@
-"""Admission control: a bounded queue in front of the engine, as LMI's `job_queue_size`.
+"""Admission control: a bounded queue in front of the engine, as LMI's `job_queue_size`, shared
+fairly between tenants.
 
 Why: vLLM accepts every request and queues it in its scheduler without bound, so under overload
-latency grows without limit and a client cannot tell a busy server from a slow one. Here, at most
+latency grows without limit and a client cannot tell a busy server from a slow one; and one tenant
+that sends hundreds of requests at once would put everyone else behind all of them. Here, at most
 `slots` requests (the engine's `max_num_seqs`: what it can run at once) are in the engine; up to
-`queue_size` more wait here, first come first served; past that a request is refused at once
-(503 with Retry-After, LMI's status for a full job queue), and a request that waited longer than
-`max_wait_s` is dropped before it reaches the engine. A draining server refuses new requests.
+`queue_size` more wait here. When a slot frees it goes to the next request in fair order across
+tenants (`fair_queue.FairQueue`: weighted, priority first, FIFO within a tenant; policy "fifo"
+keeps one arrival order for all). Refusals: the queue full, 503 with Retry-After (LMI's status for
+a full job queue); one tenant holding its share of the queue (`tenant_queue_share`), 429; a request
+that waited longer than `max_wait_s`, 503, before it reaches the engine; a draining server, 503.
+
+Slot reservation (fair policy): while another tenant is present (has requests in flight or sent
+one within the last `PRESENCE_S` seconds), a tenant holds at most `slots - reserved_slots` slots,
+so that a newcomer's request starts without waiting for someone else's stream to end. A tenant
+alone gets every slot.
+
+The wait bound holds even when the event loop is late: each waiter carries its own deadline,
+enforced by one timer (the earliest deadline) and checked again whenever a slot is handed out or a
+request arrives, so a slot freed after a waiter's deadline never admits it. (asyncio.wait_for's
+timer alone fired 43 s late under a fast stream; see README, Reliability.)
 
 A ticket is held from admission until the response has been sent (streams included); the app's
-`AdmissionReleaseMiddleware` releases it whatever happens (client gone, error, cancellation).
+`AdmissionReleaseMiddleware` releases it whatever happens (client gone, error, cancellation) and
+adds the tenant's rate-limit headers to the response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
+
+from lmi_server.api.fair_queue import DEFAULT_TENANT, Entry, FairQueue, Policy
+
+log = logging.getLogger(__name__)
 
 QUEUE_DEPTH = Gauge("lmi_queue_depth", "Requests waiting for an engine slot (option.job_queue_size bounds it)")
 IN_ENGINE = Gauge("lmi_requests_in_engine", "Requests admitted to the engine and not yet answered")
 REJECTED = Counter(
     "lmi_requests_rejected_total", "Requests refused before reaching the engine", ["reason"]
 )
+TENANT_QUEUE_DEPTH = Gauge("lmi_tenant_queue_depth", "Requests waiting for an engine slot, by tenant", ["tenant"])
+TENANT_IN_ENGINE = Gauge("lmi_tenant_requests_in_engine", "Requests in the engine, by tenant", ["tenant"])
+TENANT_REQUESTS = Counter(
+    "lmi_tenant_requests", "Requests by tenant and admission outcome (admitted or the refusal's reason)",
+    ["tenant", "outcome"],
+)
+TENANT_WAIT = Histogram(
+    "lmi_tenant_queue_wait_seconds", "Time admitted requests waited for an engine slot, by tenant", ["tenant"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
 
 TICKET_KEY = "lmi_admission_ticket"
+HEADERS_KEY = "lmi_response_headers"
+PRESENCE_S = 60.0
+"""A tenant counts as present this long after its last request (for slot reservation)."""
+MAX_TENANT_LABELS = 100
 
 
 class Rejected(Exception):
-    """Refused before reaching the engine; `reason` is queue_full, queue_timeout or draining."""
+    """Refused before reaching the engine. `reason`: queue_full, queue_timeout, draining (503),
+    tenant_queue_full or rate_limited (429). api/errors.py maps it to HTTP."""
 
-    def __init__(self, reason: str, message: str, retry_after_s: int):
+    STATUS = {"tenant_queue_full": 429, "rate_limited": 429}
+
+    def __init__(self, reason: str, message: str, retry_after_s: int, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.retry_after_s = retry_after_s
+        self.headers = {k.lower(): v for k, v in (headers or {}).items()}
+        self.headers["retry-after"] = str(retry_after_s)
+
+    @property
+    def status(self) -> int:
+        return self.STATUS.get(self.reason, 503)
+
+
+class BadPriority(ValueError):
+    """The x-priority header (or the priority field) is not an integer in range; a 400."""
+
+
+_labels: set[str] = set()
+
+
+def tenant_label(tenant: str) -> str:
+    """The tenant's name as a metric label; past MAX_TENANT_LABELS names, "other" (a header-named
+    tenant must not make /metrics grow without bound)."""
+    if tenant in _labels:
+        return tenant
+    if len(_labels) < MAX_TENANT_LABELS:
+        _labels.add(tenant)
+        return tenant
+    return "other"
+
+
+def count(tenant: str, outcome: str) -> None:
+    TENANT_REQUESTS.labels(tenant=tenant_label(tenant), outcome=outcome).inc()
 
 
 @dataclass
 class Ticket:
     admission: "Admission"
     admitted_at: float
+    tenant: str = DEFAULT_TENANT
+    waited_s: float = 0.0
     released: bool = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.admission._release()
+            self.admission._release(self.tenant)
 
 
 @dataclass
@@ -57,17 +126,35 @@ class Admission:
     max_wait_s: float | None = None
     slots: int | None = None
     """None until the engine tells its max_num_seqs (`set_slots`)."""
+    policy: Policy = "fair"
+    tenant_queue_share: float = 1.0
+    """Share of queue_size one tenant may fill; its requests past that get 429."""
+    reserved_slots: int | None = None
+    """Fair policy: slots kept for other tenants while they are present; None: max(1, slots // 4)."""
+    weights: dict[str, float] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
     draining: bool = False
     active: int = 0
-    _waiters: collections.deque = field(default_factory=collections.deque)
+    _queue: FairQueue = field(init=False)
+    _deadlines: collections.deque = field(default_factory=collections.deque)
+    _held: collections.Counter = field(default_factory=collections.Counter)
+    _seen: dict = field(default_factory=dict)
+    _timer: asyncio.TimerHandle | None = None
 
+    def __post_init__(self) -> None:
+        self._queue = FairQueue(self.policy, lambda tenant: self.weights.get(tenant, 1.0))
+
+    # ------------------------------------------------------------------ state
     @property
     def waiting(self) -> int:
-        return sum(1 for w in self._waiters if not w.done())
+        return len(self._queue)
 
     @property
     def in_flight(self) -> int:
         return self.active + self.waiting
+
+    def held(self, tenant: str) -> int:
+        return self._held[tenant]
 
     def set_slots(self, slots: int) -> None:
         self.slots = max(1, int(slots))
@@ -76,67 +163,168 @@ class Admission:
     def _has_slot(self) -> bool:
         return self.slots is None or self.active < self.slots
 
-    def _reject(self, reason: str, message: str, retry_after_s: int) -> Rejected:
+    def _reserve(self) -> int:
+        if self.policy != "fair" or self.slots is None:
+            return 0
+        reserve = self.reserved_slots if self.reserved_slots is not None else max(1, self.slots // 4)
+        return min(reserve, self.slots - 1)
+
+    def _others_present(self, tenant: str, now: float) -> bool:
+        for name, seen in list(self._seen.items()):
+            if self._held[name] or self._queue.waiting(name) or now - seen < PRESENCE_S:
+                if name != tenant:
+                    return True
+            else:
+                del self._seen[name]  # gone: forget it
+        return False
+
+    def slot_cap(self, tenant: str) -> int | None:
+        """The most slots `tenant` may hold now (None: no cap but the slots themselves)."""
+        reserve = self._reserve()
+        if self.slots is None or not reserve or not self._others_present(tenant, self.clock()):
+            return None
+        return self.slots - reserve
+
+    def _eligible(self, tenant: str) -> bool:
+        cap = self.slot_cap(tenant)
+        return cap is None or self._held[tenant] < cap
+
+    def queue_cap(self) -> int:
+        """Waiting requests one tenant may have."""
+        return max(1, math.floor(self.tenant_queue_share * self.queue_size))
+
+    # ------------------------------------------------------------------ refusals
+    def _reject(self, reason: str, message: str, retry_after_s: int, tenant: str = DEFAULT_TENANT) -> Rejected:
         REJECTED.labels(reason=reason).inc()
+        count(tenant, reason)
         return Rejected(reason, message, retry_after_s)
 
-    async def acquire(self) -> Ticket:
+    def _expire(self) -> None:
+        """Drop every waiter whose deadline has passed (503 queue_timeout)."""
+        now = self.clock()
+        while self._deadlines:
+            entry: Entry = self._deadlines[0]
+            if entry.removed or entry.item.done():
+                self._deadlines.popleft()
+                continue
+            if entry.deadline is None or entry.deadline > now:
+                break
+            self._deadlines.popleft()
+            self._queue.remove(entry)
+            self._gauge(entry.tenant)
+            entry.item.set_exception(
+                self._reject(
+                    "queue_timeout",
+                    f"waited {self.max_wait_s:g} s for an engine slot (option.max_queue_wait); retry later",
+                    1,
+                    entry.tenant,
+                )
+            )
+        QUEUE_DEPTH.set(self.waiting)
+
+    def _arm(self) -> None:
+        """One timer, for the earliest deadline still waiting."""
+        if self._timer is not None:
+            return
+        while self._deadlines and (self._deadlines[0].removed or self._deadlines[0].item.done()):
+            self._deadlines.popleft()
+        if not self._deadlines:
+            return
+        delay = max(0.0, self._deadlines[0].deadline - self.clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._expire()
+        self._wake()  # a tenant's slot cap may have lifted meanwhile
+        self._arm()
+
+    # ------------------------------------------------------------------ admission
+    async def acquire(self, tenant: str = DEFAULT_TENANT, priority: int = 0) -> Ticket:
         if self.draining:
-            raise self._reject("draining", "the server is shutting down; send the request to another instance", 5)
-        if self._has_slot() and not self.waiting:
-            return self._admit()
+            raise self._reject("draining", "the server is shutting down; send the request to another instance", 5, tenant)
+        now = self.clock()
+        self._seen[tenant] = now
+        self._wake()  # expired waiters out; anyone a freed slot or a lifted cap lets in
+        if self._has_slot() and self._eligible(tenant):
+            return self._admit(tenant, now)
+        if self._queue.waiting(tenant) >= self.queue_cap() and self.queue_cap() < self.queue_size:
+            raise self._reject(
+                "tenant_queue_full",
+                f"too many requests waiting for tenant {tenant!r}: {self._queue.waiting(tenant)} "
+                f"(option.tenant_queue_share={self.tenant_queue_share:g} of option.job_queue_size={self.queue_size}); "
+                "retry later",
+                1,
+                tenant,
+            )
         if self.waiting >= self.queue_size:
             raise self._reject(
                 "queue_full",
                 f"server busy: {self.active} requests in the engine and {self.waiting} waiting "
                 f"(option.job_queue_size={self.queue_size}); retry later",
                 1,
+                tenant,
             )
         waiter: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        QUEUE_DEPTH.set(self.waiting)
+        deadline = now + self.max_wait_s if self.max_wait_s is not None else None
+        entry = self._queue.push(tenant, waiter, priority, deadline)
+        if deadline is not None:
+            self._deadlines.append(entry)  # deadlines come in arrival order (one max_wait_s)
+            self._arm()
+        self._gauge(tenant)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout=self.max_wait_s)
-        except asyncio.TimeoutError:
-            if waiter.done() and not waiter.cancelled():  # a slot arrived at the last moment
-                return self._take(waiter)
-            waiter.cancel()
-            raise self._reject(
-                "queue_timeout",
-                f"waited {self.max_wait_s:g} s for an engine slot (option.max_queue_wait); retry later",
-                1,
-            ) from None
+            await waiter
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._release()  # the slot handed to us goes to the next waiter
-            waiter.cancel()
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(tenant)  # the slot handed to us goes to the next waiter
+            elif not waiter.done():
+                waiter.cancel()
+            if self._queue.remove(entry):
+                self._gauge(tenant)
             raise
-        finally:
-            QUEUE_DEPTH.set(self.waiting)
-        return self._take(waiter)
-
-    def _take(self, waiter: asyncio.Future) -> Ticket:
+        waited = self.clock() - now
+        TENANT_WAIT.labels(tenant=tenant_label(tenant)).observe(waited)
+        count(tenant, "admitted")
         # _wake() already counted this request as active when it handed over the slot.
-        return Ticket(self, time.monotonic())
+        return Ticket(self, self.clock(), tenant, waited)
 
-    def _admit(self) -> Ticket:
+    def _admit(self, tenant: str, now: float) -> Ticket:
+        self._hand(tenant)
+        TENANT_WAIT.labels(tenant=tenant_label(tenant)).observe(0.0)
+        count(tenant, "admitted")
+        return Ticket(self, now, tenant)
+
+    def _hand(self, tenant: str) -> None:
         self.active += 1
+        self._held[tenant] += 1
         IN_ENGINE.set(self.active)
-        return Ticket(self, time.monotonic())
+        TENANT_IN_ENGINE.labels(tenant=tenant_label(tenant)).set(self._held[tenant])
 
-    def _release(self) -> None:
+    def _release(self, tenant: str = DEFAULT_TENANT) -> None:
         self.active = max(0, self.active - 1)
+        self._held[tenant] = max(0, self._held[tenant] - 1)
+        TENANT_IN_ENGINE.labels(tenant=tenant_label(tenant)).set(self._held[tenant])
+        if not self._held[tenant]:
+            del self._held[tenant]
         IN_ENGINE.set(self.active)
         self._wake()
 
+    def _gauge(self, tenant: str) -> None:
+        QUEUE_DEPTH.set(self.waiting)
+        TENANT_QUEUE_DEPTH.labels(tenant=tenant_label(tenant)).set(self._queue.waiting(tenant))
+
     def _wake(self) -> None:
-        while self._waiters and self._has_slot():
-            waiter = self._waiters.popleft()
-            if waiter.done():
+        """Hand free slots to waiters in fair order; an expired waiter never gets one."""
+        self._expire()
+        while self._has_slot():
+            entry = self._queue.pop(self._eligible)
+            if entry is None:
+                break
+            self._gauge(entry.tenant)
+            if entry.item.done():
                 continue
-            self.active += 1  # the slot is handed over before the waiter runs again
-            IN_ENGINE.set(self.active)
-            waiter.set_result(None)
+            self._hand(entry.tenant)  # the slot is handed over before the waiter runs again
+            entry.item.set_result(None)
         QUEUE_DEPTH.set(self.waiting)
 
     async def wait_idle(self, timeout_s: float) -> bool:
@@ -148,7 +336,8 @@ class Admission:
 
 
 class AdmissionReleaseMiddleware:
-    """Releases the request's admission ticket once the response is over, however it ended."""
+    """Releases the request's admission ticket once the response is over, however it ended, and
+    adds the headers the request collected on its way (the tenant's rate-limit headers)."""
 
     def __init__(self, app):
         self.app = app
@@ -157,8 +346,18 @@ class AdmissionReleaseMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                extra = scope.get("state", {}).get(HEADERS_KEY)
+                if extra:
+                    present = {k.lower() for k, _ in message.get("headers", [])}
+                    added = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items() if k.encode("latin-1") not in present]
+                    message = {**message, "headers": list(message.get("headers", [])) + added}
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_with_headers)
         finally:
             ticket = scope.get("state", {}).get(TICKET_KEY)
             if ticket is not None:

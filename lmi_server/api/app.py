@@ -15,9 +15,10 @@ from lmi_server.api import sagemaker
 from lmi_server.api.admission import Admission, AdmissionReleaseMiddleware
 from lmi_server.api.lifecycle import engine_watchdog
 from lmi_server.api.openapi import install_openapi
-from lmi_server.api.auth import APIKeyMiddleware, load_api_keys
+from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
 from lmi_server.api.errors import install_error_handlers
 from lmi_server.api.sessions import SessionHook, SessionStore
+from lmi_server.api.tenants import Tenants
 from lmi_server.config.schema import ServingConfig
 from lmi_server.engine import EngineOwner
 from lmi_server.metrics import MetricsMiddleware, register_lmcache_collector, unregister_collector
@@ -58,7 +59,7 @@ def create_app(
     start_engine: bool = True,
 ) -> FastAPI:
     cache_server = None
-    api_keys = load_api_keys(cfg.security, cfg.model_dir)
+    api_keys = load_api_key_entries(cfg.security, cfg.model_dir)
     kv_plan = getattr(runtime, "kv_plan", None)
     for secret in getattr(kv_plan, "secret_env", {}).values():
         register_secret(secret)
@@ -96,7 +97,15 @@ def create_app(
     app.state.config = cfg
     app.state.runtime = runtime
     app.state.engine_owner = owner
-    app.state.admission = Admission(queue_size=cfg.server.job_queue_size, max_wait_s=cfg.server.max_queue_wait)
+    app.state.tenants = Tenants.from_config(cfg, api_keys)
+    app.state.admission = Admission(
+        queue_size=cfg.server.job_queue_size,
+        max_wait_s=cfg.server.max_queue_wait,
+        policy=cfg.tenants.admission_policy,
+        tenant_queue_share=cfg.tenants.tenant_queue_share,
+        reserved_slots=cfg.tenants.reserved_slots,
+        weights=app.state.tenants.weights,
+    )
     app.state.draining = False
     app.state.exit_code = 0
     app.state.model_resolver = _base_model_only

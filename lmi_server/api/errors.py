@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from lmi_server.adapters.formatters import FormatterError, FormatterInvalid
 from lmi_server.adapters.registry import AdapterConflict, AdapterNotFound, AdapterUnavailable
 from lmi_server.adapters.validation import AdapterInvalid
+from lmi_server.api.admission import BadPriority, Rejected
 from lmi_server.redact import redact
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,17 @@ def from_adapter_error(exc: BaseException, *, lmi: bool = False, param: str | No
         return APIError(400, str(exc), lmi=lmi)
     if isinstance(exc, (AdapterUnavailable, FormatterError)):
         return APIError(424, str(exc), lmi=lmi)
+    return None
+
+
+def from_admission_error(exc: BaseException, *, lmi: bool = False) -> APIError | None:
+    """Admission's typed refusals -> HTTP: a full queue, a wait past option.max_queue_wait or a
+    draining server 503; a tenant over its queue share or its rate limits 429 (both with
+    Retry-After, the latter with x-ratelimit-* headers); a bad priority 400."""
+    if isinstance(exc, Rejected):
+        return APIError(exc.status, exc.message, lmi=lmi, headers=dict(exc.headers))
+    if isinstance(exc, BadPriority):
+        return APIError(400, str(exc), lmi=lmi, param=None if lmi else "priority")
     return None
 
 

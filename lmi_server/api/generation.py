@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from lmi_server.api.adapter_routing import STATE_KEY as ADAPTER_KEY
 from lmi_server.api.adapter_routing import STREAMS_KEY, format_json, format_stream
-from lmi_server.api.admission import TICKET_KEY, Rejected
-from lmi_server.api.errors import APIError, from_vllm_error, from_vllm_exception
+from lmi_server.api.admission import HEADERS_KEY, REJECTED, TICKET_KEY, BadPriority, Rejected, count
+from lmi_server.api.errors import APIError, from_admission_error, from_vllm_error, from_vllm_exception
+from lmi_server.api.tenants import estimate_tokens, parse_priority
+from lmi_server.api.lmi_formatters import formatted_response, formatted_stream, response_formatter
+
+log = logging.getLogger(__name__)
 
 
 def engine_state(request: Request):
@@ -33,17 +39,55 @@ def engine_max_num_seqs(state) -> int | None:
     return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
 
 
-async def admit(request: Request, state, *, lmi: bool = False) -> None:
-    """Take an engine slot (waiting in the bounded queue if need be), or raise 503 + Retry-After in
-    the request's schema. The ticket is released by AdmissionReleaseMiddleware."""
+async def admit(request: Request, state, *, lmi: bool = False, parsed: Any = None) -> None:
+    """Take an engine slot for the request's tenant (waiting in the fair queue if need be), or raise
+    in the request's schema: 400 for a bad priority, 429 for a tenant over its rate limits or queue
+    share, 503 for a full queue or a wait too long. `parsed` is the vLLM request about to be sent
+    (its priority is set here). The ticket is released by AdmissionReleaseMiddleware."""
     admission = request.app.state.admission
+    tenants = request.app.state.tenants
     if admission.slots is None:
         admission.set_slots(engine_max_num_seqs(state) or 1)
+    scope_state = request.scope.setdefault("state", {})
+    use = scope_state.get(ADAPTER_KEY)
+    tenant = tenants.identify(request.scope, request.headers, getattr(use, "name", None))
     try:
-        ticket = await until_disconnect(admission.acquire(), request)
+        priority = parse_priority(request.headers, parsed)
+    except BadPriority as exc:
+        raise from_admission_error(exc, lmi=lmi) from None
+    if parsed is not None and hasattr(parsed, "priority"):
+        parsed.priority = priority if tenants.vllm_priority else 0  # vLLM's fcfs policy refuses others
+    decision = tenants.limiter.check(tenant, estimate_tokens(parsed))
+    if decision.headers:
+        scope_state[HEADERS_KEY] = {k: v for k, v in decision.headers.items() if k != "retry-after"}
+    try:
+        if not decision.allowed:
+            REJECTED.labels(reason="rate_limited").inc()
+            count(tenant, "rate_limited")
+            raise Rejected(
+                "rate_limited",
+                f"rate limit of tenant {tenant!r} reached ({decision.exceeded} per "
+                f"{'second' if decision.exceeded == 'requests' else 'minute'}); retry in "
+                f"{decision.retry_after_s:.1f} s",
+                max(1, int(-(-decision.retry_after_s // 1))),
+                decision.headers,
+            )
+        ticket = await until_disconnect(admission.acquire(tenant, priority), request)
     except Rejected as exc:
-        raise APIError(503, exc.message, lmi=lmi, headers={"Retry-After": str(exc.retry_after_s)}) from None
-    request.scope.setdefault("state", {})[TICKET_KEY] = ticket
+        if exc.status == 429:
+            log.info("admission: tenant %s refused: %s", tenant, exc.reason)
+        raise from_admission_error(exc, lmi=lmi) from None
+    scope_state[TICKET_KEY] = ticket
+
+
+async def yielding(body: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A response stream passed through, suspending once per chunk. An `await` on something
+    already done does not give the event loop a turn, so a stream whose source is always ready
+    (a fast engine) could otherwise hold the loop: timers (queue-wait deadlines), other responses
+    and new connections would wait for it."""
+    async for chunk in body:
+        yield chunk
+        await asyncio.sleep(0)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -101,8 +145,14 @@ def track_stream(request: Request, gen: Any) -> Any:
 
 
 async def as_response(result: Any, request: Request, headers: dict[str, str] | None = None):
-    """vLLM's result as a response, with the adapter's output formatter (if any) applied."""
+    """vLLM's result as a response, with the output formatter (if any) applied."""
+    if response_formatter(request) is not None:
+        if is_stream(result):
+            track_stream(request, result)
+            return await formatted_stream(request, result, "sse", "text/event-stream", headers)
+        return formatted_response(request, result, headers)
     if is_stream(result):
         track_stream(request, result)
-        return StreamingResponse(await format_stream(request, result, "sse"), media_type="text/event-stream", headers=headers)
+        body = yielding(await format_stream(request, result, "sse"))
+        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
     return JSONResponse(format_json(request, result.model_dump(exclude_none=False)), headers=headers)

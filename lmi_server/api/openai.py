@@ -71,7 +71,7 @@ async def _generate(request: Request, parsed, headers: dict[str, str] | None, cr
     reject_foreign_messages(parsed, state)
     await request.app.state.model_resolver(request, parsed)
     request.app.state.cache_salter(request, parsed)
-    await admit(request, state)
+    await admit(request, state, parsed=parsed)
     result = await call_serving(create(state.serving)(parsed, request), request)
     return await as_response(result, request, headers)
 

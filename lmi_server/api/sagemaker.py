@@ -17,7 +17,7 @@ from lmi_server.api import openai as openai_routes
 from lmi_server.api.adapter_routing import format_json, format_stream
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import admit, call_serving, engine_state, track_stream
+from lmi_server.api.generation import admit, call_serving, engine_state, track_stream, yielding
 from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
 
 router = APIRouter()
@@ -99,12 +99,14 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     except Exception as exc:  # noqa: BLE001 - vLLM's own request validators
         raise APIError(424, f"invalid parameters: {exc}", lmi=True) from None
     request.app.state.cache_salter(request, completion_req)
-    await admit(request, state, lmi=True)
+    await admit(request, state, lmi=True, parsed=completion_req)
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )
     if req.stream:
         track_stream(request, result)
         lines = track_stream(request, stream_jsonlines(req, result))
-        return StreamingResponse(await format_stream(request, lines, "jsonl"), media_type="application/jsonlines", headers=headers)
+        return StreamingResponse(
+            yielding(await format_stream(request, lines, "jsonl")), media_type="application/jsonlines", headers=headers
+        )
     return JSONResponse(format_json(request, format_response(req, result.model_dump())), headers=headers)

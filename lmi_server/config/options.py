@@ -7,9 +7,9 @@ vLLM's own engine arguments are not here: they come from `vllm_engine_args.json`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 
 class ServerOptions(BaseModel):
@@ -185,11 +185,83 @@ class SecurityOptions(BaseModel):
     api_key_file: Path | None = Field(
         None,
         description="File with one API key per line (blank lines and # comments skipped), so the key "
-        "need not sit in the environment; relative to the model directory. Adds to option.api_key.",
+        "need not sit in the environment; relative to the model directory. Adds to option.api_key. A line may "
+        "name its key and carry the tenant's own settings: `name=alice key=KEY weight=2 requests_per_second=5 "
+        "tokens_per_minute=60000` (the name is the tenant in logs and /metrics; the key never is).",
     )
     metrics_public: bool = Field(
         False, description="Serve /metrics without an API key (for a scraper on a trusted network)."
     )
+
+
+class TenantOptions(BaseModel):
+    """Tenants, fair admission, priorities and per-tenant rate limits (see README, Tenants)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    admission_policy: Literal["fair", "fifo"] = Field(
+        "fair",
+        description="How waiting requests get engine slots: fair (tenants in turn, weighted, priority first, "
+        "FIFO within a tenant) or fifo (one arrival order for all, priority first).",
+    )
+    tenant_header: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9-]{1,64}$",
+        description="Request header that names the tenant (e.g. x-tenant-id) of a request that has neither a "
+        "named API key nor an adapter. Unset: such requests share one tenant, `default`.",
+    )
+    tenant_weights: dict[str, float] = Field(
+        {},
+        description="Weights of the fair policy, `name:weight,...` (e.g. `pirate:3,shouter:1`); others weigh 1. "
+        "A key file entry may carry its own `weight=`.",
+    )
+    tenant_queue_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of option.job_queue_size that one tenant's waiting requests may fill; past it that "
+        "tenant gets 429 with Retry-After while others still get in. 1: no per-tenant bound.",
+    )
+    reserved_slots: int | None = Field(
+        None,
+        ge=0,
+        description="Fair policy: engine slots (of max_num_seqs) that one tenant leaves free while other tenants "
+        "are present (in flight, or a request in the last 60 s), so that their requests start without waiting "
+        "for its streams to end. Default: max(1, max_num_seqs // 4); 0: none. A tenant alone uses every slot.",
+    )
+    tenant_requests_per_second: float | None = Field(
+        None,
+        gt=0,
+        description="Requests per second each tenant may send (bursts up to one second's worth, at least 1); "
+        "past it 429 with Retry-After and x-ratelimit-* headers. A key file entry may carry its own "
+        "`requests_per_second=`. Default: no limit.",
+    )
+    tenant_tokens_per_minute: int | None = Field(
+        None,
+        gt=0,
+        description="Tokens per minute each tenant may use (prompt estimated as characters/4, plus the "
+        "requested max tokens, charged at admission; bursts up to a minute's worth); past it 429. A key file "
+        "entry may carry its own `tokens_per_minute=`. Default: no limit.",
+    )
+
+    @field_validator("tenant_weights", mode="before")
+    @classmethod
+    def _parse_weights(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        weights: dict[str, float] = {}
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            name, sep, weight = part.rpartition(":")
+            try:
+                number = float(weight)
+            except ValueError:
+                number = -1.0
+            if not sep or not name.strip() or not number > 0:
+                raise ValueError(f"expected name:weight pairs with positive weights, e.g. pirate:3,shouter:1 (got {part!r})")
+            weights[name.strip()] = number
+        return weights
 
 
 SECTIONS: dict[str, type[BaseModel]] = {
@@ -199,4 +271,5 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "adapters": AdapterOptions,
     "sessions": SessionOptions,
     "security": SecurityOptions,
+    "tenants": TenantOptions,
 }

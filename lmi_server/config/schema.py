@@ -26,6 +26,7 @@ from lmi_server.config.options import (
     ServerOptions,
     SessionOptions,
     SpeculativeOptions,
+    TenantOptions,
 )
 from lmi_server.redact import mask_value
 
@@ -210,6 +211,7 @@ class ServingConfig(BaseModel):
     adapters: AdapterOptions
     sessions: SessionOptions
     security: SecurityOptions = Field(default_factory=SecurityOptions)
+    tenants: TenantOptions = Field(default_factory=TenantOptions)
     not_applicable: dict[str, str] = Field(default_factory=dict)
     overridden_by_file: list[str] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -102,5 +103,187 @@ def test_unknown_slots_admit_until_the_engine_tells():
             await adm.acquire()
         for t in tickets:
             t.release()
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- the wait bound under a busy loop
+
+
+async def hog(seconds: float) -> int:
+    """Hold the event loop without ever suspending: `await` on a future that is already done
+    returns at once (as a fast engine's outputs do when they are always ready)."""
+    done = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        await done
+        n += 1
+    return n
+
+
+def test_a_slot_freed_after_the_deadline_does_not_admit_a_late_waiter():
+    """The loop was held past the waiter's deadline, then the slot came free: the waiter is dropped
+    (queue_timeout), not admitted late because its timer had not run yet."""
+
+    async def scenario():
+        adm = Admission(queue_size=5, slots=1, max_wait_s=0.05)
+        held = await adm.acquire()
+        waiter = asyncio.create_task(adm.acquire())
+        await asyncio.sleep(0)  # queued
+
+        async def busy_then_release():
+            await hog(0.3)
+            held.release()
+
+        await asyncio.gather(busy_then_release(), asyncio.sleep(0))
+        with pytest.raises(Rejected) as info:
+            await waiter
+        assert info.value.reason == "queue_timeout"
+        assert adm.active == 0 and adm.waiting == 0
+
+    run(scenario())
+
+
+def test_a_stream_that_is_always_ready_still_lets_the_deadline_fire():
+    """A response stream whose source never makes it wait, passed through `yielding` as every
+    response stream is: the waiter's 503 comes at its deadline, not when the stream ends."""
+    from lmi_server.api.generation import yielding
+
+    async def always_ready(seconds: float):
+        end = time.monotonic() + seconds
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        while time.monotonic() < end:
+            await done
+            yield b"data: {}\n\n"
+
+    async def scenario(wrap):
+        adm = Admission(queue_size=5, slots=1, max_wait_s=0.1)
+        held = await adm.acquire()
+
+        async def stream():
+            async for _ in wrap(always_ready(1.0)):
+                pass
+            held.release()
+
+        streaming = asyncio.create_task(stream())
+        t0 = time.monotonic()
+        with pytest.raises(Rejected):
+            await adm.acquire()
+        late = time.monotonic() - t0
+        await streaming
+        return late
+
+    assert run(scenario(yielding)) < 0.5
+    assert run(scenario(lambda body: body)) >= 0.9  # what a stream did before: the timer waited for it
+
+
+# ---------------------------------------------------------------- tenants
+
+
+def test_a_flood_from_one_tenant_does_not_hold_back_another():
+    async def scenario():
+        adm = Admission(queue_size=100, slots=2, policy="fair", reserved_slots=0)
+        a = [await adm.acquire("A"), await adm.acquire("A")]
+        flood = [asyncio.create_task(adm.acquire("A")) for _ in range(20)]
+        await asyncio.sleep(0)
+        b = asyncio.create_task(adm.acquire("B"))
+        await asyncio.sleep(0)
+        a[0].release()
+        await asyncio.sleep(0)
+        assert flood[0].done() and not b.done()  # A's first waiter came before B
+        a[1].release()
+        await asyncio.sleep(0)
+        assert b.done() and not flood[1].done()  # then B, not the other 19 of A
+        for t in flood:
+            t.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+
+    run(scenario())
+
+
+def test_fifo_policy_serves_by_arrival():
+    async def scenario():
+        adm = Admission(queue_size=100, slots=1, policy="fifo")
+        held = await adm.acquire("A")
+        flood = [asyncio.create_task(adm.acquire("A")) for _ in range(3)]
+        await asyncio.sleep(0)
+        b = asyncio.create_task(adm.acquire("B"))
+        await asyncio.sleep(0)
+        for _ in range(3):
+            held.release()
+            await asyncio.sleep(0)
+            held = next(t.result() for t in flood if t.done() and not t.result().released)
+            assert not b.done()
+        held.release()
+        await asyncio.sleep(0)
+        assert b.done()
+
+    run(scenario())
+
+
+def test_one_tenant_cannot_fill_the_queue():
+    async def scenario():
+        adm = Admission(queue_size=4, slots=1, tenant_queue_share=0.5)
+        held = await adm.acquire("A")
+        waiting = [asyncio.create_task(adm.acquire("A")) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(Rejected) as info:
+            await adm.acquire("A")
+        assert info.value.reason == "tenant_queue_full" and info.value.status == 429
+        assert info.value.headers["retry-after"] == "1" and "tenant 'A'" in info.value.message
+        others = [asyncio.create_task(adm.acquire("B")) for _ in range(2)]  # others still get in
+        await asyncio.sleep(0)
+        assert adm.waiting == 4
+        with pytest.raises(Rejected) as info:
+            await adm.acquire("C")
+        assert info.value.reason == "queue_full" and info.value.status == 503
+        for t in waiting + others:
+            t.cancel()
+        await asyncio.gather(*waiting, *others, return_exceptions=True)
+        held.release()
+
+    run(scenario())
+
+
+def test_reserved_slots_let_a_newcomer_start_at_once():
+    async def scenario():
+        adm = Admission(queue_size=100, slots=4, policy="fair")  # reserve: max(1, 4 // 4) = 1
+        alone = [await adm.acquire("A") for _ in range(4)]  # alone, A gets every slot
+        assert adm.active == 4
+        for t in alone:
+            t.release()
+        adm._seen["B"] = adm.clock()  # B is present (sent a request a moment ago)
+        a = [asyncio.create_task(adm.acquire("A")) for _ in range(6)]
+        await asyncio.sleep(0)
+        assert adm.held("A") == 3 and adm.waiting == 3  # one slot left for the others
+        b = await asyncio.wait_for(adm.acquire("B"), 1)  # starts at once
+        assert adm.active == 4
+        b.release()
+        await asyncio.sleep(0)
+        assert adm.held("A") == 3  # the reserved slot is not given back to A while B is present
+        for t in a:
+            t.cancel()
+        await asyncio.gather(*a, return_exceptions=True)
+
+    run(scenario())
+
+
+def test_a_high_priority_request_goes_first():
+    async def scenario():
+        adm = Admission(queue_size=100, slots=1)
+        held = await adm.acquire("A")
+        low = [asyncio.create_task(adm.acquire("A", priority=0)) for _ in range(5)]
+        await asyncio.sleep(0)
+        high = asyncio.create_task(adm.acquire("A", priority=-1))
+        await asyncio.sleep(0)
+        held.release()
+        await asyncio.sleep(0)
+        assert high.done() and not any(t.done() for t in low)
+        for t in low:
+            t.cancel()
+        await asyncio.gather(*low, return_exceptions=True)
 
     run(scenario())

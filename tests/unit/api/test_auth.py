@@ -97,3 +97,34 @@ def test_config_output_and_logs_never_show_secrets(tmp_path, capsys, caplog):
     assert redact("x pw-registered-1 redis://u:pw2@h:1 Bearer abc.def {\"password\": \"p\"}") == (
         'x *** redis://u:***@h:1 Bearer *** {"password": "***"}'
     )
+
+
+def test_named_keys_carry_their_tenant_settings(tmp_path):
+    from lmi_server.api.auth import KEY_ENTRY, default_key_name, load_api_key_entries
+
+    (tmp_path / "keys").write_text(
+        f"# tenants\nname=alice key={K1} weight=2 requests_per_second=5 tokens_per_minute=600\n{K2}\n"
+    )
+    entries = load_api_key_entries(SecurityOptions(api_key_file=tmp_path / "keys"), tmp_path)
+    assert [e.name for e in entries] == ["alice", default_key_name(K2)]
+    assert entries[0].weight == 2 and entries[0].requests_per_second == 5 and entries[0].tokens_per_minute == 600
+    assert K1 not in repr(entries) and K2 not in default_key_name(K2)
+    seen = {}
+
+    async def inner(scope, receive, send):
+        seen["entry"] = scope["state"][KEY_ENTRY]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    app = APIKeyMiddleware(inner, keys=entries)
+    assert get(app, "/x", {"X-Api-Key": K1}).status_code == 200 and seen["entry"].name == "alice"
+    for bad, match in (
+        (f"name=bob key={K1} colour=red", "unknown field"),
+        (f"name=b@d key={K1}", "letters, digits"),
+        (f"name=bob key={K1} weight=0", "positive number"),
+        (f"name=bob key={K1}\nname=bob key={K2}", "two different keys"),
+    ):
+        (tmp_path / "bad").write_text(bad + "\n")
+        with pytest.raises(ConfigError, match=match) as info:
+            load_api_key_entries(SecurityOptions(api_key_file=tmp_path / "bad"), tmp_path)
+        assert K1 not in str(info.value) and K2 not in str(info.value)
