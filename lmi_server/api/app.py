@@ -19,7 +19,8 @@ from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
 from lmi_server.api.errors import install_error_handlers
 from lmi_server.api.sessions import SessionHook, SessionStore
 from lmi_server.api.tenants import Tenants
-from lmi_server.config.schema import ServingConfig
+from lmi_server.adapters.formatters import FormatterError, load_model_formatters
+from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import EngineOwner
 from lmi_server.metrics import MetricsMiddleware, register_lmcache_collector, unregister_collector
 from lmi_server.metrics import router as metrics_router
@@ -71,6 +72,10 @@ def create_app(
             max_restarts=cfg.lmcache.lmcache_max_restarts,
             restart_window_s=cfg.lmcache.lmcache_restart_window,
         )
+    try:
+        model_formatters = load_model_formatters(cfg.model_dir)
+    except FormatterError as exc:
+        raise ConfigError([str(exc)]) from None
     frontend_args = getattr(runtime, "frontend_args", None)
     owner = EngineOwner(
         cfg, engine_args if engine_args is not None else dict(cfg.engine_args), cache_server, frontend_args
@@ -111,6 +116,7 @@ def create_app(
     app.state.model_resolver = _base_model_only
     app.state.lmi_model_resolver = _lmi_base_model
     app.state.cache_salter = _client_salt_only
+    app.state.model_formatters = model_formatters  # the model directory's model.py (LMI's contract)
     app.state.session_hook = SessionHook(
         cfg.sessions.enable_stateful_sessions,
         SessionStore(cfg.sessions.sessions_expiration, cfg.sessions.sessions_path, max_sessions=cfg.sessions.max_sessions),

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
 from lmi_server.api.generation import admit, as_response, call_serving, engine_state
+from lmi_server.api.lmi_formatters import apply_payload_formatter
 
 router = APIRouter()
 
@@ -87,6 +88,7 @@ async def completion(request: Request, parsed, headers: dict[str, str] | None = 
 async def _read_and_parse(request: Request, request_type):
     body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
     engine_state(request)  # 503 first: nothing can run before the engine is ready
+    body = apply_payload_formatter(request, body, lmi=False)  # LMI's input formatter, before parsing
     return parse_request(request_type, body)
 
 

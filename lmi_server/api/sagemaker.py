@@ -18,6 +18,7 @@ from lmi_server.api.adapter_routing import format_json, format_stream
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
 from lmi_server.api.generation import admit, call_serving, engine_state, track_stream, yielding
+from lmi_server.api.lmi_formatters import apply_payload_formatter, formatted_response, formatted_stream, response_formatter
 from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
 
 router = APIRouter()
@@ -79,6 +80,7 @@ async def invocations(request: Request):
     session_headers = await request.app.state.session_hook(request, body)
     if isinstance(session_headers, JSONResponse):
         return session_headers
+    body = apply_payload_formatter(request, body, lmi=True)  # LMI's input formatter: any body shape in
     schema, parsed = detect_schema(body)
     if schema == "chat":
         return await openai_routes.chat_completion(request, parsed, session_headers)
@@ -103,6 +105,11 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )
+    if response_formatter(request) is not None:  # LMI's output formatter gets vLLM's response objects
+        if req.stream:
+            track_stream(request, result)
+            return await formatted_stream(request, result, "jsonl", "application/jsonlines", headers)
+        return formatted_response(request, result, headers)
     if req.stream:
         track_stream(request, result)
         lines = track_stream(request, stream_jsonlines(req, result))
