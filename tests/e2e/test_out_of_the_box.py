@@ -80,7 +80,8 @@ def test_make_serve_tools_work_with_no_option(make_serve):
 def test_make_serve_runs_the_assistant_in_float32_whatever_the_cpu(make_serve):
     # bf16 kernels on AVX-512 BF16 / AMX hosts flip the near-tie first token of the answer above.
     log = make_serve.log_path.read_text(errors="replace")
-    assert "dtype=float32" in log and "torch.bfloat16" not in log
+    assert "dtype=float32" in log  # the server's start-up note
+    assert "dtype=torch.float32" in log and "dtype=torch.bfloat16" not in log  # what vLLM built
 
 
 def test_make_serve_chose_the_engine_memory_itself(make_serve):
