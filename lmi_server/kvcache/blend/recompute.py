@@ -1,0 +1,147 @@
+"""Which tokens to recompute at the check layer, and attention over blended KV.
+
+At the check layer the engine has two KVs for the prompt: the reused one (loaded from the cache,
+K re-rotated to its new positions) and a fresh one computed for every token. Tokens whose reused
+KV deviates most from the fresh one are the ones whose cross-attention to earlier segments
+mattered (the CacheBlend paper's selection); from the check layer on, only they and the tokens
+that had no reused KV are recomputed, and their fresh KV replaces the reused rows.
+
+Rules here:
+- a token is *reused* when its segment hit the cache; tokens of missed segments, separator
+  tokens and every token of the last segment (the query) are never reused;
+- `ratio` is the share of reused tokens that is recomputed on top (0: none, 1: all), rounded up;
+- attention for the recomputed tokens runs over the whole blended KV with an explicit causal
+  mask through torch's scaled_dot_product_attention, so CPU and CUDA share the code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from lmi_server.kvcache.blend.segments import Segment
+
+DEFAULT_RECOMPUTE_RATIO = 0.15
+
+
+def validate_ratio(ratio: float) -> float:
+    """The recompute ratio as a float in [0, 1], or ValueError naming the value."""
+    if isinstance(ratio, bool):
+        raise ValueError(f"the recompute ratio must be a number in [0, 1], got {ratio!r}")
+    try:
+        value = float(ratio)
+    except (TypeError, ValueError):
+        raise ValueError(f"the recompute ratio must be a number in [0, 1], got {ratio!r}") from None
+    if math.isnan(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"the recompute ratio must be in [0, 1], got {ratio!r}")
+    return value
+
+
+def reuse_mask(n_tokens: int, segments: Sequence[Segment], hits: Sequence[bool]) -> torch.Tensor:
+    """bool [n_tokens]: True where the token's KV is taken from the cache. `hits[i]` says whether
+    `segments[i]` was found; the last segment is the query and is computed whatever `hits` says."""
+    if len(hits) != len(segments):
+        raise ValueError(f"one hit flag per segment: {len(segments)} segments, {len(hits)} flags")
+    mask = torch.zeros(n_tokens, dtype=torch.bool)
+    for seg in segments:
+        if seg.end > n_tokens:
+            raise ValueError(f"segment [{seg.start}, {seg.end}) lies beyond the prompt's {n_tokens} tokens")
+    for seg, hit in list(zip(segments, hits))[:-1]:
+        if hit:
+            mask[seg.start : seg.end] = True
+    return mask
+
+
+def token_deviation(
+    fresh_k: torch.Tensor,
+    reused_k: torch.Tensor,
+    fresh_v: torch.Tensor | None = None,
+    reused_v: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """float32 [tokens]: the L2 norm over heads and dimensions of fresh minus reused K (plus V when
+    given). Tensors are [tokens, ...] of one shape; hidden states work as well as K/V."""
+    if fresh_k.shape != reused_k.shape:
+        raise ValueError(f"fresh and reused K differ in shape: {tuple(fresh_k.shape)} vs {tuple(reused_k.shape)}")
+    squared = (fresh_k.float() - reused_k.float()).pow(2).reshape(fresh_k.shape[0], -1).sum(dim=1)
+    if (fresh_v is None) != (reused_v is None):
+        raise ValueError("give both fresh and reused V, or neither")
+    if fresh_v is not None and reused_v is not None:
+        if fresh_v.shape != reused_v.shape or fresh_v.shape[0] != fresh_k.shape[0]:
+            raise ValueError(f"V shapes do not fit: {tuple(fresh_v.shape)} vs {tuple(reused_v.shape)}")
+        squared = squared + (fresh_v.float() - reused_v.float()).pow(2).reshape(fresh_v.shape[0], -1).sum(dim=1)
+    return squared.sqrt()
+
+
+def select_recompute(deviation: torch.Tensor, reused: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Sorted long indices of the tokens to recompute: every token that is not reused, plus the
+    ceil(ratio x reused count) reused tokens of largest deviation (ties go to the earlier token)."""
+    ratio = validate_ratio(ratio)
+    if deviation.dim() != 1 or reused.shape != deviation.shape:
+        raise ValueError(f"deviation and reuse mask must be [tokens], got {tuple(deviation.shape)} and {tuple(reused.shape)}")
+    reused = reused.to(device=deviation.device, dtype=torch.bool)
+    n_reused = int(reused.sum())
+    take = min(n_reused, math.ceil(ratio * n_reused - 1e-9))
+    chosen = ~reused
+    if take:
+        scores = torch.where(reused, deviation.float(), torch.tensor(float("-inf"), device=deviation.device))
+        # stable order: equal deviations keep the earlier token first
+        order = torch.sort(scores, descending=True, stable=True).indices[:take]
+        chosen = chosen.clone()
+        chosen[order] = True
+    return chosen.nonzero(as_tuple=True)[0]
+
+
+def blend_kv(reused: torch.Tensor, fresh_rows: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """`reused` with row `indices[i]` replaced by `fresh_rows[i]` (for a fresh KV of every token,
+    pass `fresh.index_select(0, indices)`). A new tensor; neither input is changed."""
+    if fresh_rows.shape[0] != indices.shape[0] or fresh_rows.shape[1:] != reused.shape[1:]:
+        raise ValueError(f"{indices.shape[0]} indices need rows of shape {tuple(reused.shape[1:])}, got {tuple(fresh_rows.shape)}")
+    out = reused.clone()
+    out.index_copy_(0, indices.to(device=out.device, dtype=torch.long), fresh_rows.to(out.dtype))
+    return out
+
+
+def causal_mask(query_positions: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """bool [queries, n_keys]: query i sees keys 0..query_positions[i]."""
+    keys = torch.arange(n_keys, device=query_positions.device)
+    return keys[None, :] <= query_positions[:, None]
+
+
+def attend_selected(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_positions: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of the selected queries over the whole (blended) KV, causal by position.
+
+    q: [selected, heads, head_dim] for the tokens at `query_positions` (offsets into the KV);
+    k, v: [tokens, kv_heads, head_dim] with heads a multiple of kv_heads (grouped-query attention:
+    query head h reads KV head h // (heads / kv_heads), as in Llama and Qwen). Returns
+    [selected, heads, head_dim] in q's dtype. `scale` defaults to 1 / sqrt(head_dim)."""
+    if q.dim() != 3 or k.dim() != 3 or v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"q [sel, heads, d], k and v [tokens, kv_heads, d] expected; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} KV heads")
+    positions = query_positions.to(device=q.device, dtype=torch.long)
+    if positions.shape != (q.shape[0],):
+        raise ValueError(f"one position per selected query expected, got shape {tuple(positions.shape)}")
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= k.shape[0]):
+        raise ValueError(f"query positions must lie in [0, {k.shape[0]})")
+    group = heads // kv_heads
+    keys = k.repeat_interleave(group, dim=1) if group > 1 else k
+    values = v.repeat_interleave(group, dim=1) if group > 1 else v
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        values.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        attn_mask=causal_mask(positions, k.shape[0]),
+        scale=scale,
+    )
+    return out.squeeze(0).transpose(0, 1)
