@@ -57,24 +57,12 @@ def test_make_serve_answers_with_no_option(make_serve):
 
 
 def test_make_serve_tools_work_with_no_option(make_serve):
-    import json
-
     from openai import OpenAI
 
-    from tests.e2e.test_tools import WEATHER_TOOL, check_against_schema
+    from tests.e2e.test_tools import assert_named_call_is_parsed
 
     client = OpenAI(base_url=make_serve.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    answer = client.chat.completions.create(
-        model="smollm2-135m-instruct",
-        messages=[{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}],
-        tools=[WEATHER_TOOL],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        max_tokens=120,
-        temperature=0,
-    )
-    (call,) = answer.choices[0].message.tool_calls
-    assert call.function.name == "get_weather"
-    check_against_schema(json.loads(call.function.arguments))
+    assert_named_call_is_parsed(client, "smollm2-135m-instruct")
 
 
 def test_make_serve_runs_the_assistant_in_float32_whatever_the_cpu(make_serve):

@@ -39,9 +39,10 @@ def check_against_schema(args: dict) -> None:
     assert isinstance(args["days"], int) and 1 <= args["days"] <= 7
 
 
-def test_named_tool_choice_returns_a_parsed_call(openai_client):
-    answer = openai_client.chat.completions.create(
-        model="lmi-demo",
+def assert_named_call_is_parsed(client, model: str) -> None:
+    """A named tool_choice through the official client: one call, arguments valid for the schema."""
+    answer = client.chat.completions.create(
+        model=model,
         messages=[{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}],
         tools=[WEATHER_TOOL],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -51,6 +52,10 @@ def test_named_tool_choice_returns_a_parsed_call(openai_client):
     (call,) = answer.choices[0].message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather"
     check_against_schema(json.loads(call.function.arguments))
+
+
+def test_named_tool_choice_returns_a_parsed_call(openai_client):
+    assert_named_call_is_parsed(openai_client, "lmi-demo")
 
 
 def test_named_tool_choice_streams(openai_client):
