@@ -1,0 +1,156 @@
+"""Tenants against the real server: priorities order the queue, one tenant cannot fill it, rate
+limits answer 429 with the standard headers, /metrics names tenants and never their keys.
+
+The server runs one sequence at a time (option.max_rolling_batch_size=1) with vLLM's priority
+scheduling; a long stream holds the only slot while the tests queue requests behind it. Tenants
+are named API keys (option.api_key_file).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import BASE_PROPS
+from tests.support.server import ServerProcess, running_server
+
+pytestmark = pytest.mark.e2e
+
+KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789", "limited": "limited-key-0123456789"}
+
+
+@pytest.fixture(scope="module")
+def tenant_server(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("tenants")
+    (model_dir / "keys").write_text(
+        f"name=alice key={KEYS['alice']}\nname=bob key={KEYS['bob']} weight=2\n"
+        f"name=limited key={KEYS['limited']} requests_per_second=0.05\n"
+    )
+    props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "10",
+             "option.tenant_queue_share": "0.5", "option.api_key_file": "keys", "option.scheduling_policy": "priority"}
+    with running_server(model_dir, props) as proc:
+        yield proc
+
+
+def auth(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[tenant]}"}
+
+
+def metric(server: ServerProcess, name: str) -> float:
+    text = httpx.get(server.base_url + "/metrics", headers=auth("alice"), timeout=30).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+class Holder:
+    """A long stream that holds the only engine slot until `release()`."""
+
+    def __init__(self, server: ServerProcess):
+        self.server, self.started, self.stop = server, threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        body = {"model": "lmi-demo", "prompt": "def f():\n", "max_tokens": 3500, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", self.server.base_url + "/v1/completions", json=body, headers=auth("alice"), timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    self.started.set()
+                if self.stop.is_set():
+                    return
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.started.wait(60), "the holding stream did not start"
+        return self
+
+    def release(self):
+        self.stop.set()
+        self.thread.join(60)
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def wait_queue_depth(server: ServerProcess, depth: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while metric(server, "lmi_queue_depth") < depth and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "lmi_queue_depth") >= depth
+
+
+def complete(server: ServerProcess, tenant: str, headers: dict | None = None, tokens: int = 2) -> dict:
+    t0 = time.monotonic()
+    r = httpx.post(server.base_url + "/v1/completions", headers={**auth(tenant), **(headers or {})},
+                   json={"model": "lmi-demo", "prompt": "x = ", "max_tokens": tokens}, timeout=120)
+    return {"status": r.status_code, "ended": time.monotonic(), "took": time.monotonic() - t0, "headers": r.headers, "body": r.text}
+
+
+def test_a_high_priority_request_starts_before_a_full_queue_of_low_priority_ones(tenant_server):
+    with ThreadPoolExecutor(8) as pool, Holder(tenant_server) as holder:
+        low = []
+        for i in range(4):  # alice's whole share of the queue (0.5 x 10 would allow 5; 4 keep it quick)
+            low.append(pool.submit(complete, tenant_server, "alice", {"x-priority": "5"}))
+            wait_queue_depth(tenant_server, i + 1)
+        high = pool.submit(complete, tenant_server, "alice", {"x-priority": "-1"})
+        wait_queue_depth(tenant_server, 5)
+        holder.release()
+        results = [f.result() for f in low]
+        first = high.result()
+    assert first["status"] == 200 and all(r["status"] == 200 for r in results), [first] + results
+    assert first["ended"] < min(r["ended"] for r in results), "the high-priority request did not go first"
+
+
+def test_a_bad_priority_is_a_400(tenant_server):
+    r = httpx.post(tenant_server.base_url + "/v1/completions", headers={**auth("alice"), "x-priority": "urgent"},
+                   json={"model": "lmi-demo", "prompt": "x", "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400 and "x-priority" in r.json()["error"]["message"], r.text
+    lmi = httpx.post(tenant_server.base_url + "/invocations", headers={**auth("alice"), "x-priority": "1.5"},
+                     json={"inputs": "x", "parameters": {"max_new_tokens": 1}}, timeout=60)
+    assert lmi.status_code == 400 and lmi.json()["code"] == 400
+    ok = httpx.post(tenant_server.base_url + "/v1/chat/completions", headers=auth("alice"),
+                    json={"model": "lmi-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "priority": -3},
+                    timeout=60)
+    assert ok.status_code == 200, ok.text  # OpenAI's priority field reaches vLLM's priority scheduler
+
+
+def test_one_tenant_cannot_fill_the_queue_and_others_still_get_in(tenant_server):
+    with ThreadPoolExecutor(10) as pool, Holder(tenant_server) as holder:
+        mine = []
+        for i in range(5):  # alice's share: 0.5 x option.job_queue_size=10
+            mine.append(pool.submit(complete, tenant_server, "alice"))
+            wait_queue_depth(tenant_server, i + 1)
+        over = complete(tenant_server, "alice")
+        assert over["status"] == 429 and int(over["headers"]["retry-after"]) >= 1, over
+        assert "option.tenant_queue_share" in over["body"]
+        other = pool.submit(complete, tenant_server, "bob")  # bob still gets in, and ahead of alice's queue
+        wait_queue_depth(tenant_server, 6)
+        holder.release()
+        bob = other.result()
+        alice = [f.result() for f in mine]
+    assert bob["status"] == 200 and all(a["status"] == 200 for a in alice)
+    assert bob["ended"] < sorted(a["ended"] for a in alice)[1]  # fair: bob's turn came after at most one of alice's
+
+
+def test_rate_limits_answer_429_with_the_standard_headers(tenant_server):
+    first = complete(tenant_server, "limited")
+    assert first["status"] == 200, first
+    h = first["headers"]
+    assert h["x-ratelimit-limit-requests"] == "1" and h["x-ratelimit-remaining-requests"] == "0"
+    assert h["x-ratelimit-reset-requests"].endswith("s")
+    second = complete(tenant_server, "limited")
+    assert second["status"] == 429 and second["took"] < 10, second
+    assert int(second["headers"]["retry-after"]) >= 1 and second["headers"]["x-ratelimit-remaining-requests"] == "0"
+    assert "rate limit of tenant 'limited'" in second["body"]
+    assert complete(tenant_server, "bob")["status"] == 200  # another tenant is not limited
+
+
+def test_metrics_name_tenants_never_keys(tenant_server):
+    text = httpx.get(tenant_server.base_url + "/metrics", headers=auth("bob"), timeout=30).text
+    assert 'lmi_tenant_requests_total{outcome="admitted",tenant="alice"}' in text
+    assert 'outcome="rate_limited",tenant="limited"' in text and 'outcome="tenant_queue_full",tenant="alice"' in text
+    assert not any(key in text for key in KEYS.values())
+    log = (tenant_server.model_dir / "server.log").read_text(errors="replace")
+    assert "tenant limited refused" in log and not any(key in log for key in KEYS.values())
