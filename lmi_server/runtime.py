@@ -34,6 +34,7 @@ class Runtime:
     notes: list[str] = field(default_factory=list)
     engine_memory: dict[str, Any] | None = None
     frontend_args: dict[str, Any] = field(default_factory=dict)
+    blend: dict[str, Any] | None = None
 
     def apply_environment(self) -> None:
         for key, value in self.env.items():
@@ -61,6 +62,7 @@ class Runtime:
             "lmcache": self.cfg.lmcache.model_dump(mode="json"),
             "engine_memory": self.engine_memory,
             "lmcache_plan": self.kv_plan.to_dict() if self.kv_plan else None,
+            "lmcache_blend": self.blend,
             "speculative": self.cfg.speculative.model_dump(mode="json"),
             "adapters": self.cfg.adapters.model_dump(mode="json"),
             "sessions": self.cfg.sessions.model_dump(mode="json"),
@@ -110,6 +112,7 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
     if kv_plan is None:
         kv_plan = plan_kv_cache(cfg, engine_args)
     preflight_checks(engine_args, kv_plan)
+    blend = plan_blend(cfg, engine_args, kv_plan)
     if kv_plan.kv_transfer_config is not None:
         engine_args["kv_transfer_config"] = kv_plan.kv_transfer_config
     env.update(kv_plan.env)
@@ -118,8 +121,77 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
     return Runtime(
         cfg=cfg, engine_args=engine_args, env=env, kv_plan=kv_plan, notes=notes,
         engine_memory=memory.to_dict() if memory is not None else None,
-        frontend_args=frontend_args,
+        frontend_args=frontend_args, blend=blend,
     )
+
+
+def blend_settings(cfg: ServingConfig):
+    """The blend settings (option keys and the LMCache file's), without touching the engine."""
+    from lmi_server.kvcache.blend.settings import resolve_blend_settings
+    from lmi_server.kvcache.lmcache_file import load_lmcache_config
+    from lmi_server.kvcache.plan import KVCacheConfigError
+    from lmi_server.kvcache.resolve import resolve_config_path
+
+    opts = cfg.lmcache
+    try:
+        file_config = (
+            load_lmcache_config(resolve_config_path(opts.lmcache_config_file, cfg.model_dir))
+            if opts.lmcache_config_file is not None else None
+        )
+        return resolve_blend_settings(opts, file_config)
+    except KVCacheConfigError as exc:
+        raise ConfigError([str(exc)]) from exc
+
+
+def check_servable(cfg: ServingConfig) -> None:
+    """Refuse at `serve` what `lmi-server config` may show but this version cannot serve: blending,
+    whose engine integration is not built yet (see lmi_server/kvcache/blend/DESIGN.md)."""
+    from lmi_server.kvcache.blend.settings import require_engine_integration
+    from lmi_server.kvcache.plan import KVCacheConfigError
+
+    try:
+        require_engine_integration(blend_settings(cfg))
+    except KVCacheConfigError as exc:
+        raise ConfigError([str(exc)]) from exc
+
+
+def plan_blend(cfg: ServingConfig, engine_args: dict[str, Any], kv_plan: KVCachePlan) -> dict[str, Any] | None:
+    """What blending would do with this configuration, with reasons; None when it is off. A model or
+    a cache layout it cannot handle is a ConfigError saying why."""
+    from lmi_server.kvcache.blend.settings import ENGINE_INTEGRATION_MISSING
+    from lmi_server.kvcache.blend.support import BlendUnsupportedModel, check_model
+
+    settings = blend_settings(cfg)
+    if not settings.enabled:
+        return None
+    if kv_plan.mode is None:
+        raise ConfigError([
+            "option.lmcache_blend needs LMCache: set option.lmcache_config_file or option.lmcache_auto_config=true"
+        ])
+    if kv_plan.mode != "mp":
+        raise ConfigError(["option.lmcache_blend works with LMCache's MP cache server: use option.lmcache_mode=mp (or auto)"])
+    _, model_config = _model_config(str(engine_args["model"]))
+    if model_config is None:
+        raise ConfigError(["option.lmcache_blend needs the model's config.json locally to check that blending can handle it"])
+    try:
+        support = check_model(model_config, kv_cache_dtype=engine_args.get("kv_cache_dtype"))
+    except BlendUnsupportedModel as exc:
+        raise ConfigError([f"option.lmcache_blend: {exc}"]) from exc
+    chunk = kv_plan.tiers.chunk_size if kv_plan.tiers is not None else None
+    where = settings.sources
+    return {
+        **settings.to_dict(),
+        "check_layer": support.check_layer,
+        "chunk_size": chunk,
+        "reasons": [
+            f"segments cut at {settings.separator!r} ({where['separator']}); each segment keyed by its own tokens, "
+            f"per {chunk}-token chunk, whatever stands before it",
+            f"recompute {settings.recompute_ratio:g} of the reused tokens with the most deviating KV at layer "
+            f"{support.check_layer} ({where['recompute_ratio']}), plus every token of missed segments and the query",
+            support.describe(),
+        ],
+        "serve": ENGINE_INTEGRATION_MISSING,
+    }
 
 
 def preflight_checks(engine_args: dict[str, Any], kv_plan: KVCachePlan) -> None:

@@ -6,6 +6,7 @@ vLLM's own engine arguments are not here: they come from `vllm_engine_args.json`
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,6 +123,34 @@ class LMCacheOptions(BaseModel):
     lmcache_restart_window: int = Field(
         600, gt=0, description="Seconds of the sliding window that option.lmcache_max_restarts counts in."
     )
+    lmcache_blend: bool = Field(
+        False,
+        description="CacheBlend: reuse the KV of prompt segments wherever they appear, not only as a prefix "
+        "(the LMCache file's `enable_blending`). In progress: `lmi-server config` shows the plan and checks the "
+        "model (Llama, Qwen2, Qwen3), `serve` refuses it until the engine integration lands.",
+    )
+    lmcache_blend_separator: str = Field(
+        " # # ", min_length=1,
+        description="Text that separates a prompt's segments for option.lmcache_blend (LMCache's "
+        "`blend_special_str`); put it before every document, the first one too. Quote it to keep its spaces "
+        "(properties values lose them): `option.lmcache_blend_separator=\" # # \"` (a JSON string).",
+    )
+    lmcache_blend_recompute_ratio: float = Field(
+        0.15, ge=0, le=1,
+        description="Share of the reused tokens whose KV deviates most at the check layer that option.lmcache_blend "
+        "recomputes, besides every token of segments that missed and of the query (LMCache's `blend_recompute_ratios`).",
+    )
+
+    @field_validator("lmcache_blend_separator", mode="before")
+    @classmethod
+    def _quoted_separator(cls, value: Any) -> Any:
+        """A value in double quotes is a JSON string: the only way to keep leading and trailing spaces."""
+        if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"a quoted separator must be a JSON string ({exc.msg})") from None
+        return value
 
 
 class SpeculativeOptions(BaseModel):

@@ -51,12 +51,33 @@ class LMCacheFileConfig(BaseModel):
         "/dev/shm has max_local_cpu_size free, else off with a warning; true/false force it.",
     )
     extra_config: ExtraConfig = Field(default_factory=ExtraConfig)
+    enable_blending: bool = Field(
+        False, description="CacheBlend: reuse segments' KV beyond the prefix (option.lmcache_blend)."
+    )
+    blend_special_str: str | None = Field(
+        None, min_length=1, description="Separator of the prompt's segments (option.lmcache_blend_separator)."
+    )
+    blend_recompute_ratios: list[float] | None = Field(
+        None,
+        description="Share of reused tokens recomputed at the check layer, one value "
+        "(option.lmcache_blend_recompute_ratio).",
+    )
 
     @field_validator("local_disk")
     @classmethod
     def _one_disk_path(cls, v: str | None) -> str | None:
         if v is not None and "," in v:
             raise ValueError("one local disk path is supported, e.g. 'file:///mnt/nvme/lmcache/'")
+        return v
+
+    @field_validator("blend_recompute_ratios")
+    @classmethod
+    def _one_ratio(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None:
+            if len(v) != 1:
+                raise ValueError("one ratio is supported (blending checks one layer), e.g. [0.15]")
+            if not 0.0 <= v[0] <= 1.0:
+                raise ValueError(f"the ratio must be in [0, 1], got {v[0]}")
         return v
 
     @field_validator("remote_url")

@@ -1,0 +1,77 @@
+"""The blend settings of one configuration, from `option.lmcache_blend*` and the LMCache file.
+
+Either way in switches blending on: `option.lmcache_blend=true`, or `enable_blending: true` in
+the file `option.lmcache_config_file` names. The separator and the recompute ratio come from the
+option keys where they are set, else from the file (`blend_special_str`,
+`blend_recompute_ratios`), else their defaults. Both set to different values is an error: one
+setting, one place. Nothing here imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lmi_server.config.options import LMCacheOptions
+from lmi_server.kvcache.lmcache_file import LMCacheFileConfig
+from lmi_server.kvcache.plan import KVCacheConfigError
+
+ENGINE_INTEGRATION_MISSING = (
+    "option.lmcache_blend=true (CacheBlend) cannot serve yet: this version has the segment keys, the RoPE "
+    "re-rotation and the recompute selection, but not the engine integration that loads segment hits into "
+    "the engine's KV blocks and recomputes the selected tokens inside vLLM's forward pass. `lmi-server config` "
+    "shows the plan it would use; remove option.lmcache_blend (and enable_blending from the LMCache file) to serve"
+)
+
+
+@dataclass(frozen=True)
+class BlendSettings:
+    enabled: bool
+    separator: str
+    recompute_ratio: float
+    sources: dict[str, str] = field(default_factory=dict)
+    """setting -> where it came from (`option.lmcache_blend_separator`, the file's key, or `default`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# setting -> (option key, file key, reads the file's value)
+_KEYS = {
+    "enabled": ("lmcache_blend", "enable_blending", lambda f: f.enable_blending),
+    "separator": ("lmcache_blend_separator", "blend_special_str", lambda f: f.blend_special_str),
+    "recompute_ratio": (
+        "lmcache_blend_recompute_ratio",
+        "blend_recompute_ratios",
+        lambda f: f.blend_recompute_ratios[0] if f.blend_recompute_ratios else None,
+    ),
+}
+
+
+def resolve_blend_settings(options: LMCacheOptions, file_config: LMCacheFileConfig | None = None) -> BlendSettings:
+    """The one set of blend settings; KVCacheConfigError where the option and the file disagree."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting, (option_key, file_key, read) in _KEYS.items():
+        option_value = getattr(options, option_key)
+        given = option_key in options.model_fields_set
+        file_value = read(file_config) if file_config is not None and file_key in file_config.model_fields_set else None
+        in_file = file_value is not None
+        if given and in_file and file_value != option_value:
+            raise KVCacheConfigError(
+                f"option.{option_key}={option_value!r} and `{file_key}` in the LMCache file ({file_value!r}) "
+                "set the same thing differently; keep one"
+            )
+        if given:
+            values[setting], sources[setting] = option_value, f"option.{option_key}"
+        elif in_file:
+            values[setting], sources[setting] = file_value, f"LMCache file `{file_key}`"
+        else:
+            values[setting], sources[setting] = option_value, "default"
+    return BlendSettings(**values, sources=sources)
+
+
+def require_engine_integration(settings: BlendSettings) -> None:
+    """Serving with blending on is refused until the engine integration exists (not a silent no-op)."""
+    if settings.enabled:
+        raise KVCacheConfigError(ENGINE_INTEGRATION_MISSING)

@@ -1,0 +1,135 @@
+"""Blend settings from the option keys and the LMCache file, the plan `lmi-server config` shows,
+and `serve` refusing blending until the engine integration exists."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmi_server import cli
+from lmi_server.config.options import LMCacheOptions
+from lmi_server.config.schema import ConfigError, build_serving_config
+from lmi_server.kvcache.blend.settings import require_engine_integration, resolve_blend_settings
+from lmi_server.kvcache.lmcache_file import parse_lmcache_config
+from lmi_server.kvcache.plan import KVCacheConfigError
+from lmi_server.runtime import resolve_runtime
+from tests.unit.kvcache.blend import model_configs as models
+
+TINY_LLAMA = {
+    **models.SMOLLM2_135M, "hidden_size": 64, "head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "max_position_embeddings": 2048, "torch_dtype": "float32", "vocab_size": 128,
+    "intermediate_size": 128,
+}
+LMCACHE_YAML = "chunk_size: 256\nmax_local_cpu_size: 1\n"
+
+
+def model_dir(tmp_path, config=TINY_LLAMA, lmcache_yaml=LMCACHE_YAML):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "lmcache.yaml").write_text(lmcache_yaml)
+    return tmp_path
+
+
+def test_off_by_default_with_lmcaches_defaults():
+    s = resolve_blend_settings(LMCacheOptions())
+    assert (s.enabled, s.separator, s.recompute_ratio) == (False, " # # ", 0.15)
+    assert set(s.sources.values()) == {"default"}
+    require_engine_integration(s)  # off: nothing to refuse
+
+
+def test_option_keys_and_file_keys_both_switch_it_on():
+    s = resolve_blend_settings(LMCacheOptions.model_validate({"lmcache_blend": "true", "lmcache_blend_recompute_ratio": "0.3"}))
+    assert s.enabled and s.recompute_ratio == 0.3 and s.sources["recompute_ratio"] == "option.lmcache_blend_recompute_ratio"
+    f = parse_lmcache_config({"enable_blending": True, "blend_special_str": " ## ", "blend_recompute_ratios": [0.2]})
+    s = resolve_blend_settings(LMCacheOptions(), f)
+    assert (s.enabled, s.separator, s.recompute_ratio) == (True, " ## ", 0.2)
+    assert s.sources["enabled"] == "LMCache file `enable_blending`"
+    # the same value in both places is fine; different values are an error naming both keys
+    resolve_blend_settings(LMCacheOptions.model_validate({"lmcache_blend_separator": " ## "}), f)
+    with pytest.raises(KVCacheConfigError, match="lmcache_blend_separator.*blend_special_str"):
+        resolve_blend_settings(LMCacheOptions.model_validate({"lmcache_blend_separator": " # # "}), f)
+
+
+@pytest.mark.parametrize(
+    "data,words",
+    [({"blend_recompute_ratios": [0.1, 0.2]}, "one ratio"), ({"blend_recompute_ratios": [1.5]}, r"\[0, 1\]"),
+     ({"blend_special_str": ""}, "blend_special_str"), ({"blend_check_layers": [1]}, "does not support")],
+)
+def test_bad_file_blend_keys_are_errors(data, words):
+    with pytest.raises(KVCacheConfigError, match=words):
+        parse_lmcache_config(data)
+
+
+@pytest.mark.parametrize(
+    "props,words",
+    [({"option.lmcache_blend_recompute_ratio": "1.2"}, "lmcache_blend_recompute_ratio"),
+     ({"option.lmcache_blend_separator": ""}, "lmcache_blend_separator"),
+     ({"option.lmcache_blend": "maybe"}, "lmcache_blend"),
+     ({"option.lmcache_blnd": "true"}, "did you mean option.lmcache_blend")],
+)
+def test_bad_option_values_are_start_up_errors(tmp_path, props, words):
+    with pytest.raises(ConfigError, match=words):
+        build_serving_config(props, model_dir(tmp_path))
+
+
+def test_config_shows_the_blend_plan(tmp_path):
+    props = {"option.lmcache_config_file": "lmcache.yaml", "option.lmcache_blend": "true", "option.max_model_len": "1024"}
+    runtime = resolve_runtime(build_serving_config(props, model_dir(tmp_path)), build_demo=False)
+    blend = runtime.describe()["lmcache_blend"]
+    assert blend["enabled"] and blend["separator"] == " # # " and blend["recompute_ratio"] == 0.15
+    assert blend["chunk_size"] == 256 and blend["check_layer"] == 1
+    assert any("LlamaForCausalLM" in r for r in blend["reasons"])
+    assert "cannot serve yet" in blend["serve"]
+    json.dumps(runtime.describe(), default=str)
+    off = resolve_runtime(build_serving_config({"option.lmcache_config_file": "lmcache.yaml"}, tmp_path), build_demo=False)
+    assert off.describe()["lmcache_blend"] is None
+
+
+def test_the_file_alone_switches_the_plan_on(tmp_path):
+    d = model_dir(tmp_path, lmcache_yaml=LMCACHE_YAML + "enable_blending: true\nblend_recompute_ratios: [0.25]\n")
+    runtime = resolve_runtime(build_serving_config({"option.lmcache_config_file": "lmcache.yaml"}, d), build_demo=False)
+    assert runtime.blend["enabled"] and runtime.blend["recompute_ratio"] == 0.25
+
+
+@pytest.mark.parametrize(
+    "config,props,words",
+    [
+        (TINY_LLAMA, {}, "needs LMCache"),
+        ({**TINY_LLAMA, "architectures": ["MistralForCausalLM"]}, {"option.lmcache_config_file": "lmcache.yaml"},
+         "MistralForCausalLM is not supported"),
+        ({**TINY_LLAMA, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+         {"option.lmcache_config_file": "lmcache.yaml"}, "'yarn'"),
+    ],
+)
+def test_what_blending_cannot_handle_is_a_config_error(tmp_path, config, props, words):
+    cfg = build_serving_config({**props, "option.lmcache_blend": "true", "option.max_model_len": "1024"}, model_dir(tmp_path, config))
+    with pytest.raises(ConfigError, match=words):
+        resolve_runtime(cfg, build_demo=False)
+
+
+@pytest.mark.parametrize("way", ["option", "file"])
+def test_serve_refuses_blending_before_starting_anything(tmp_path, monkeypatch, capsys, way):
+    yaml = LMCACHE_YAML + ("enable_blending: true\n" if way == "file" else "")
+    d = model_dir(tmp_path, lmcache_yaml=yaml)
+    lines = ["option.lmcache_config_file=lmcache.yaml"] + (["option.lmcache_blend=true"] if way == "option" else [])
+    (d / "serving.properties").write_text("\n".join(lines) + "\n")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("serve went on past the blend check")
+
+    monkeypatch.setattr("lmi_server.runtime.resolve_runtime", must_not_run)
+    assert cli.main(["serve", "--model-dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "option.lmcache_blend=true (CacheBlend) cannot serve yet" in err
+    assert "engine integration" in err and "lmi-server config" in err
+
+
+def test_a_quoted_separator_keeps_its_spaces_through_serving_properties(tmp_path):
+    from lmi_server.config.properties import parse_properties
+
+    props = parse_properties('option.lmcache_blend_separator=" # # "\n')
+    cfg = build_serving_config(props, model_dir(tmp_path))
+    assert cfg.lmcache.lmcache_blend_separator == " # # "
+    assert build_serving_config({"option.lmcache_blend_separator": "##"}, tmp_path).lmcache.lmcache_blend_separator == "##"
+    with pytest.raises(ConfigError, match="JSON string"):
+        build_serving_config({"option.lmcache_blend_separator": '"\\x"'}, tmp_path)
