@@ -11,10 +11,11 @@ keeps one arrival order for all). Refusals: the queue full, 503 with Retry-After
 a full job queue); one tenant holding its share of the queue (`tenant_queue_share`), 429; a request
 that waited longer than `max_wait_s`, 503, before it reaches the engine; a draining server, 503.
 
-Slot reservation (fair policy): while another tenant is present (has requests in flight or sent
-one within the last `PRESENCE_S` seconds), a tenant holds at most `slots - reserved_slots` slots,
-so that a newcomer's request starts without waiting for someone else's stream to end. A tenant
-alone gets every slot.
+Slot headroom (fair policy): while another tenant is present (has requests in flight or waiting,
+or sent one within the last `PRESENCE_S` seconds), a tenant beyond its weighted share of the slots
+takes a free slot only if `reserved_slots` slots stay free, so that another tenant's request starts
+at once instead of waiting for someone else's stream to end (running streams cannot be preempted).
+Within its share, or alone, a tenant takes any free slot.
 
 The wait bound holds even when the event loop is late: each waiter carries its own deadline,
 enforced by one timer (the earliest deadline) and checked again whenever a slot is handed out or a
@@ -130,7 +131,7 @@ class Admission:
     tenant_queue_share: float = 1.0
     """Share of queue_size one tenant may fill; its requests past that get 429."""
     reserved_slots: int | None = None
-    """Fair policy: slots kept for other tenants while they are present; None: max(1, slots // 4)."""
+    """Fair policy: slots a tenant beyond its share leaves free while others are present; None: max(1, slots // 8)."""
     weights: dict[str, float] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
@@ -166,28 +167,34 @@ class Admission:
     def _reserve(self) -> int:
         if self.policy != "fair" or self.slots is None:
             return 0
-        reserve = self.reserved_slots if self.reserved_slots is not None else max(1, self.slots // 4)
+        reserve = self.reserved_slots if self.reserved_slots is not None else max(1, self.slots // 8)
         return min(reserve, self.slots - 1)
 
-    def _others_present(self, tenant: str, now: float) -> bool:
+    def _present(self, now: float) -> list[str]:
+        """Tenants with requests in flight or waiting, or one sent within PRESENCE_S."""
+        present = []
         for name, seen in list(self._seen.items()):
             if self._held[name] or self._queue.waiting(name) or now - seen < PRESENCE_S:
-                if name != tenant:
-                    return True
+                present.append(name)
             else:
                 del self._seen[name]  # gone: forget it
-        return False
-
-    def slot_cap(self, tenant: str) -> int | None:
-        """The most slots `tenant` may hold now (None: no cap but the slots themselves)."""
-        reserve = self._reserve()
-        if self.slots is None or not reserve or not self._others_present(tenant, self.clock()):
-            return None
-        return self.slots - reserve
+        return present
 
     def _eligible(self, tenant: str) -> bool:
-        cap = self.slot_cap(tenant)
-        return cap is None or self._held[tenant] < cap
+        """May `tenant` take a free slot now? Always, while it stays within its weighted share of the
+        slots among the tenants present (or is alone); beyond its share only if `reserved_slots`
+        slots stay free for the others."""
+        reserve = self._reserve()
+        if not reserve:
+            return True
+        present = set(self._present(self.clock())) | {tenant}
+        if len(present) == 1:
+            return True
+        weight = self.weights.get(tenant, 1.0)
+        share = self.slots * weight / sum(self.weights.get(t, 1.0) for t in present)
+        if self._held[tenant] + 1 <= share:
+            return True
+        return self.slots - self.active - 1 >= reserve
 
     def queue_cap(self) -> int:
         """Waiting requests one tenant may have."""
@@ -215,7 +222,8 @@ class Admission:
             entry.item.set_exception(
                 self._reject(
                     "queue_timeout",
-                    f"waited {self.max_wait_s:g} s for an engine slot (option.max_queue_wait); retry later",
+                    f"waited {now - entry.deadline + self.max_wait_s:.1f} s for an engine slot "
+                    f"(option.max_queue_wait={self.max_wait_s:g}); retry later",
                     1,
                     entry.tenant,
                 )

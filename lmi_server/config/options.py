@@ -254,9 +254,10 @@ class TenantOptions(BaseModel):
     reserved_slots: int | None = Field(
         None,
         ge=0,
-        description="Fair policy: engine slots (of max_num_seqs) that one tenant leaves free while other tenants "
-        "are present (in flight, or a request in the last 60 s), so that their requests start without waiting "
-        "for its streams to end. Default: max(1, max_num_seqs // 4); 0: none. A tenant alone uses every slot.",
+        description="Fair policy: while other tenants are present (requests in flight or waiting, or one in the "
+        "last 60 s), a tenant beyond its weighted share of the engine slots takes a free slot only if this many "
+        "stay free, so that the others' requests start without waiting for its streams to end. Default: "
+        "max(1, max_num_seqs // 8); 0: none. Within its share, or alone, a tenant takes any free slot.",
     )
     tenant_requests_per_second: float | None = Field(
         None,

@@ -91,7 +91,8 @@ def test_full_queue_is_refused_at_once_and_a_long_wait_is_dropped(busy_server):
 
         w.join(60)
         assert waited["status"] == 503 and "option.max_queue_wait" in waited["body"]["error"]["message"]
-        print(f"\nqueue-wait 503 after {waited['seconds']:.2f} s (option.max_queue_wait=30); holder streamed {seen.get('tokens')} chunks")
+        print(f"\nqueue-wait 503 after {waited['seconds']:.2f} s (option.max_queue_wait=30); server said: "
+              f"{waited['body']['error']['message']!r}; holder streamed {seen.get('tokens')} chunks")
         assert 29.5 <= waited["seconds"] < 60, waited
         assert metric(busy_server, "lmi_requests_rejected_total", '{reason="queue_full"}') >= 2
         assert metric(busy_server, "lmi_requests_rejected_total", '{reason="queue_timeout"}') >= 1

@@ -250,7 +250,7 @@ def test_one_tenant_cannot_fill_the_queue():
 
 def test_reserved_slots_let_a_newcomer_start_at_once():
     async def scenario():
-        adm = Admission(queue_size=100, slots=4, policy="fair")  # reserve: max(1, 4 // 4) = 1
+        adm = Admission(queue_size=100, slots=4, policy="fair")  # reserve: max(1, 4 // 8) = 1; A and B present: a share of 2 each
         alone = [await adm.acquire("A") for _ in range(4)]  # alone, A gets every slot
         assert adm.active == 4
         for t in alone:
@@ -258,7 +258,7 @@ def test_reserved_slots_let_a_newcomer_start_at_once():
         adm._seen["B"] = adm.clock()  # B is present (sent a request a moment ago)
         a = [asyncio.create_task(adm.acquire("A")) for _ in range(6)]
         await asyncio.sleep(0)
-        assert adm.held("A") == 3 and adm.waiting == 3  # one slot left for the others
+        assert adm.held("A") == 3 and adm.waiting == 3  # beyond its share, A leaves one slot free
         b = await asyncio.wait_for(adm.acquire("B"), 1)  # starts at once
         assert adm.active == 4
         b.release()
