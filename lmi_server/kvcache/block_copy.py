@@ -1,8 +1,11 @@
 """Block-wise KV copies between LMCache chunks and vLLM's head-major paged KV cache (CPU hosts).
 
 On CPU hosts LMCache moves KV with its pure-torch transfer kernels. vLLM's CPU KV cache is, per
-layer, `[blocks, kv_heads, block_size, 2*head_size]` (K and V packed per token, head-major inside
-each block); LMCache's chunks are token-major (`[layers, tokens, kv_heads * 2*head_size]`). LMCache
+layer, `[blocks, kv_heads, block_size, 2*head_size]` (head-major inside each block; that shape is
+only its size: per block and head vLLM's CPU kernels keep all of K, dimension-major, then all of V,
+see `blend/paged.py`, so rows of the last two dimensions are not tokens and only whole blocks may be
+copied as opaque bytes, which is what this module does); LMCache's chunks are
+`[layers, tokens, kv_heads * 2*head_size]` with the same bytes per block. LMCache
 0.5.6 transposes through `index_copy_` for a hit and through `index_select` plus two more copies for
 a store. Copying each run of consecutive blocks with one strided `copy_` writes the same bytes to
 the same places with one pass over them (benchmarks/kv_hit_path.py measures both).
