@@ -270,3 +270,60 @@ class HFLlamaAdapter:
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden)
+
+
+class VLLMLlamaAdapter:
+    """`ModelAdapter` over vLLM's `LlamaForCausalLM` (`vllm/model_executor/models/llama.py`) as the
+    engine built it: its fused `qkv_proj`, its own `rotary_emb`, `o_proj`, RMSNorms, MLP and
+    `compute_logits`; vLLM's paged `attn` is the one module not called (attention is
+    `recompute.attend_selected`). Qwen2/Qwen3 share the module names (Qwen3's `q_norm` / `k_norm`
+    are applied where present). Tensor parallelism of 1 only: the heads counted are the local ones."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        inner = model.model
+        self._inner = inner
+        self._layers = list(inner.layers)[inner.start_layer : inner.end_layer]
+        if len(self._layers) != len(inner.layers):
+            raise ValueError("the blended prefill needs every layer in this process (no pipeline parallelism)")
+        attn = self._layers[0].self_attn
+        self.num_layers = len(self._layers)
+        self.num_heads = int(attn.num_heads)
+        self.num_kv_heads = int(attn.num_kv_heads)
+        self.head_dim = int(attn.head_dim)
+        self.scale = float(attn.scaling)
+        self.device = next(model.parameters()).device
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._inner.embed_tokens(token_ids)
+
+    def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].input_layernorm(hidden)
+
+    def qkv(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = self._layers[layer].self_attn
+        n = x.shape[0]
+        qkv, _ = attn.qkv_proj(x)
+        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        if getattr(attn, "q_norm", None) is not None:
+            q = attn.q_norm(q.reshape(n, self.num_heads, self.head_dim)).reshape(n, -1)
+            k = attn.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim)).reshape(n, -1)
+        q, k = attn.rotary_emb(positions, q.contiguous(), k.contiguous())
+        return (q.reshape(n, self.num_heads, self.head_dim), k.reshape(n, self.num_kv_heads, self.head_dim),
+                v.reshape(n, self.num_kv_heads, self.head_dim))
+
+    def o_proj(self, layer: int, attn: torch.Tensor) -> torch.Tensor:
+        out, _ = self._layers[layer].self_attn.o_proj(attn)
+        return out
+
+    def post_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].post_attention_layernorm(hidden)
+
+    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].mlp(x)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._inner.norm(hidden)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
