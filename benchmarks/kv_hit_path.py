@@ -43,7 +43,8 @@ def pickle_path_costs(spec, tokens: int, chunk_size: int = 256, repeats: int = 5
     """Where the pickle path's time goes, step by step, in this process: the server's clone of
     each chunk and pickle.dumps of the list, the worker's pickle.loads, and the copy into a paged
     KV cache (what the SHM path does alone). Chunks are LMCache's engine_driven objects for vLLM's
-    CPU KV cache, [layers, chunk, kv_heads * 2*head_dim] (K and V packed); medians of a few repeats."""
+    CPU KV cache, [layers, chunk, kv_heads * 2*head_dim] (the bytes of whole blocks; inside a block and
+    head vLLM's CPU kernels keep K dimension-major, then V token-major); medians of a few repeats."""
     import pickle
     import statistics
 
