@@ -217,7 +217,31 @@ def _ids(adapter: ModelAdapter, token_ids: torch.Tensor | Sequence[int]) -> torc
     return ids
 
 
-class HFLlamaAdapter:
+class _LlamaModules:
+    """What both adapters reach the same way: a Llama-family model's `model.embed_tokens`,
+    `model.layers[i].{input_layernorm, post_attention_layernorm, mlp}` and `model.norm` (HF and
+    vLLM name them alike); `_inner` and `_layers` are set by the subclass."""
+
+    _inner: Any
+    _layers: list
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._inner.embed_tokens(token_ids)
+
+    def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].input_layernorm(hidden)
+
+    def post_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].post_attention_layernorm(hidden)
+
+    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].mlp(x)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._inner.norm(hidden)
+
+
+class HFLlamaAdapter(_LlamaModules):
     """`ModelAdapter` over Hugging Face transformers' `LlamaForCausalLM` (also Qwen2, whose modules
     have the same names; Qwen3's `q_norm` / `k_norm` are applied where present)."""
 
@@ -237,12 +261,6 @@ class HFLlamaAdapter:
         self.scale = float(self._layers[0].self_attn.scaling)
         self.device = next(model.parameters()).device
 
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self._inner.embed_tokens(token_ids)
-
-    def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        return self._layers[layer].input_layernorm(hidden)
-
     def qkv(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attn = self._layers[layer].self_attn
         n = x.shape[0]
@@ -259,20 +277,11 @@ class HFLlamaAdapter:
     def o_proj(self, layer: int, attn: torch.Tensor) -> torch.Tensor:
         return self._layers[layer].self_attn.o_proj(attn)
 
-    def post_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        return self._layers[layer].post_attention_layernorm(hidden)
-
-    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        return self._layers[layer].mlp(x)
-
-    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._inner.norm(hidden)
-
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden)
 
 
-class VLLMLlamaAdapter:
+class VLLMLlamaAdapter(_LlamaModules):
     """`ModelAdapter` over vLLM's `LlamaForCausalLM` (`vllm/model_executor/models/llama.py`) as the
     engine built it: its fused `qkv_proj`, its own `rotary_emb`, `o_proj`, RMSNorms, MLP and
     `compute_logits`; vLLM's paged `attn` is the one module not called (attention is
@@ -294,12 +303,6 @@ class VLLMLlamaAdapter:
         self.scale = float(attn.scaling)
         self.device = next(model.parameters()).device
 
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self._inner.embed_tokens(token_ids)
-
-    def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        return self._layers[layer].input_layernorm(hidden)
-
     def qkv(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attn = self._layers[layer].self_attn
         n = x.shape[0]
@@ -315,15 +318,6 @@ class VLLMLlamaAdapter:
     def o_proj(self, layer: int, attn: torch.Tensor) -> torch.Tensor:
         out, _ = self._layers[layer].self_attn.o_proj(attn)
         return out
-
-    def post_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        return self._layers[layer].post_attention_layernorm(hidden)
-
-    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        return self._layers[layer].mlp(x)
-
-    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._inner.norm(hidden)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden)
