@@ -111,8 +111,9 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
         engine_args["kv_cache_memory_bytes"] = memory.kv_cache_bytes
     if kv_plan is None:
         kv_plan = plan_kv_cache(cfg, engine_args)
-    preflight_checks(engine_args, kv_plan)
-    blend = plan_blend(cfg, engine_args, kv_plan)
+    _, model_config = _model_config(str(engine_args["model"]))
+    preflight_checks(engine_args, model_config, kv_plan)
+    blend = plan_blend(cfg, engine_args, model_config, kv_plan)
     if kv_plan.kv_transfer_config is not None:
         engine_args["kv_transfer_config"] = kv_plan.kv_transfer_config
     env.update(kv_plan.env)
@@ -155,7 +156,9 @@ def check_servable(cfg: ServingConfig) -> None:
         raise ConfigError([str(exc)]) from exc
 
 
-def plan_blend(cfg: ServingConfig, engine_args: dict[str, Any], kv_plan: KVCachePlan) -> dict[str, Any] | None:
+def plan_blend(
+    cfg: ServingConfig, engine_args: dict[str, Any], model_config: dict[str, Any] | None, kv_plan: KVCachePlan
+) -> dict[str, Any] | None:
     """What blending would do with this configuration, with reasons; None when it is off. A model or
     a cache layout it cannot handle is a ConfigError saying why."""
     from lmi_server.kvcache.blend.settings import ENGINE_INTEGRATION_MISSING
@@ -170,7 +173,6 @@ def plan_blend(cfg: ServingConfig, engine_args: dict[str, Any], kv_plan: KVCache
         ])
     if kv_plan.mode != "mp":
         raise ConfigError(["option.lmcache_blend works with LMCache's MP cache server: use option.lmcache_mode=mp (or auto)"])
-    _, model_config = _model_config(str(engine_args["model"]))
     if model_config is None:
         raise ConfigError(["option.lmcache_blend needs the model's config.json locally to check that blending can handle it"])
     try:
@@ -194,11 +196,10 @@ def plan_blend(cfg: ServingConfig, engine_args: dict[str, Any], kv_plan: KVCache
     }
 
 
-def preflight_checks(engine_args: dict[str, Any], kv_plan: KVCachePlan) -> None:
+def preflight_checks(engine_args: dict[str, Any], model_config: dict[str, Any] | None, kv_plan: KVCachePlan) -> None:
     """Refuse in the dry run what the engine's own checks would refuse at start-up."""
     from lmi_server.preflight import check_chunk_size, check_max_model_len
 
-    _, model_config = _model_config(str(engine_args["model"]))
     chunk = kv_plan.tiers.chunk_size if kv_plan.tiers is not None else None
     problems = [
         p for p in (
