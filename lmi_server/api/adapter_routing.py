@@ -170,17 +170,23 @@ def _encode(chunk: Any) -> bytes:
 
 
 async def format_stream(request: Request, body: AsyncIterator[Any], kind: str) -> AsyncIterator[Any]:
-    """A streaming body (kind "sse" or "jsonl") with the adapter's output formatter applied.
-
-    Chunks are held back until the formatter has run once (at most MAX_PENDING_BYTES), so that a
-    formatter failing on the first text still makes the whole response a 424 (raised here). A
-    formatter failing later ends the stream with an error event in its own format and closes the
-    response's generators, which aborts the request in the engine."""
+    """A streaming body (kind "sse" or "jsonl") with the adapter's output formatter applied."""
     use = _formatting_use(request)
     if use is None:
         return body
+    return await hold_until_formatted(request, body, LineFormatter(kind, use.schema, use.format_output), kind, lmi=use.lmi)
+
+
+async def hold_until_formatted(
+    request: Request, body: AsyncIterator[Any], lines: Any, kind: str, *, lmi: bool, prefix: str = ""
+) -> AsyncIterator[bytes]:
+    """`body` through `lines` (an object with `feed(data, last) -> bytes` and `called`, e.g. a
+    `LineFormatter`). Chunks are held back until the formatter has run once (at most
+    MAX_PENDING_BYTES), so that a formatter failing on the first output still makes the whole
+    response a 424 (raised here, its message after `prefix`). A formatter failing later ends the
+    stream with an error event in its own format and closes the response's generators, which
+    aborts the request in the engine."""
     state = request.scope.setdefault("state", {})
-    lines = LineFormatter(kind, use.schema, use.format_output)
     chunks = body.__aiter__()
     pending: list[bytes] = []
     size = 0
@@ -197,13 +203,13 @@ async def format_stream(request: Request, body: AsyncIterator[Any], kind: str) -
             pending.append(out)
             size += len(out)
     except FormatterError as exc:
-        log.warning("adapters: %s", exc)
+        log.warning("formatters: %s", exc)
         await close_streams(state)  # stop generating: abort the request in the engine
-        raise APIError(424, str(exc), lmi=use.lmi) from None
-    return _formatted_rest(state, lines, chunks, pending, ended, kind)
+        raise APIError(424, prefix + str(exc), lmi=lmi) from None
+    return _formatted_rest(state, lines, chunks, pending, ended, kind, prefix)
 
 
-async def _formatted_rest(state, lines: LineFormatter, chunks, pending: list[bytes], ended: bool, kind: str):
+async def _formatted_rest(state, lines: Any, chunks, pending: list[bytes], ended: bool, kind: str, prefix: str):
     for out in pending:
         if out:
             yield out
@@ -217,8 +223,8 @@ async def _formatted_rest(state, lines: LineFormatter, chunks, pending: list[byt
         out = lines.feed(b"", last=True)
     except FormatterError as exc:
         # Mid-stream: end the stream with an error event in its own format.
-        log.warning("adapters: %s", exc)
-        yield stream_error_event(APIError(424, str(exc), lmi=kind == "jsonl"), kind)
+        log.warning("formatters: %s", exc)
+        yield stream_error_event(APIError(424, prefix + str(exc), lmi=kind == "jsonl"), kind)
         await close_streams(state)  # stop generating: abort the request in the engine
         return
     if out:

@@ -149,7 +149,8 @@ async def as_response(result: Any, request: Request, headers: dict[str, str] | N
     if response_formatter(request) is not None:
         if is_stream(result):
             track_stream(request, result)
-            return await formatted_stream(request, result, "sse", "text/event-stream", headers)
+            body = yielding(await formatted_stream(request, result, "sse"))
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
         return formatted_response(request, result, headers)
     if is_stream(result):
         track_stream(request, result)

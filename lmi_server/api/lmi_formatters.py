@@ -10,18 +10,17 @@ is parsed and is untouched by this module.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from lmi_server.adapters.formatters import FormatterError, Formatters
-from lmi_server.api.adapter_routing import ADAPTER_HEADER, close_streams
-from lmi_server.api.errors import APIError, stream_error_event
+from lmi_server.api.adapter_routing import ADAPTER_HEADER, hold_until_formatted
+from lmi_server.api.errors import APIError
 
 log = logging.getLogger(__name__)
 
@@ -140,25 +139,29 @@ def _events(text: str) -> list[str]:
 
 
 class _ChunkFormatter:
+    """Feeds each streamed event's chunk object to the formatter (the interface of
+    `hold_until_formatted`: `feed(data, last)` and `called`). vLLM's generators yield whole events."""
+
     def __init__(self, formatters: Formatters, kind: str):
         self.formatters = formatters
         self.kind = kind  # sse | jsonl
+        self.called = False
 
-    def feed(self, chunk: Any) -> bytes:
-        text = chunk.decode("utf-8") if isinstance(chunk, bytes) else str(chunk)
+    def feed(self, data: bytes, last: bool) -> bytes:
         out: list[bytes] = []
-        for data in _events(text):
-            if data == "[DONE]":
+        for event in _events(data.decode("utf-8")):
+            if event == "[DONE]":
                 if self.kind == "sse":
                     out.append(b"data: [DONE]\n\n")
                 continue
             try:
-                parsed = json.loads(data)
+                parsed = json.loads(event)
             except json.JSONDecodeError:
                 continue
             if isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed:
                 raw = json.dumps(parsed).encode()  # vLLM's own mid-stream error: passed on as it is
             else:
+                self.called = True
                 raw = _encode(self.formatters.format_response(_chunk_object(parsed)))
             if raw is None:
                 continue
@@ -166,43 +169,10 @@ class _ChunkFormatter:
         return b"".join(out)
 
 
-async def formatted_stream(request: Request, body: AsyncIterator[Any], kind: str, media_type: str,
-                           headers: dict[str, str] | None) -> StreamingResponse:
-    """A streaming response with the formatter applied to each chunk object. A formatter that
-    fails on the first chunk makes the response a 424; later, the stream ends with an error event."""
+async def formatted_stream(request: Request, body: AsyncIterator[Any], kind: str) -> AsyncIterator[bytes]:
+    """A streaming body with the formatter applied to each chunk object: a formatter that fails on
+    the first chunk makes the response a 424; later, the stream ends with an error event."""
     formatters, lmi = response_formatter(request)  # type: ignore[misc]
-    state = request.scope.setdefault("state", {})
-    chunks = body.__aiter__()
-    fmt = _ChunkFormatter(formatters, kind)
-    first = b""
-    ended = False
-    try:
-        while not first:
-            try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                ended = True
-                break
-            first = fmt.feed(chunk)
-    except FormatterError as exc:
-        log.warning("formatters: %s", exc)
-        await close_streams(state)
-        raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
-
-    async def rest():
-        if first:
-            yield first
-        if ended:
-            return
-        try:
-            async for chunk in chunks:
-                out = fmt.feed(chunk)
-                if out:
-                    yield out
-                await asyncio.sleep(0)  # a source that is always ready must not hold the event loop
-        except FormatterError as exc:
-            log.warning("formatters: %s", exc)
-            yield stream_error_event(APIError(424, f"Custom formatter failed: {exc}", lmi=kind == "jsonl"), kind)
-            await close_streams(state)
-
-    return StreamingResponse(rest(), media_type=media_type, headers=headers)
+    return await hold_until_formatted(
+        request, body, _ChunkFormatter(formatters, kind), kind, lmi=lmi, prefix="Custom formatter failed: "
+    )

@@ -108,7 +108,8 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     if response_formatter(request) is not None:  # LMI's output formatter gets vLLM's response objects
         if req.stream:
             track_stream(request, result)
-            return await formatted_stream(request, result, "jsonl", "application/jsonlines", headers)
+            body = yielding(await formatted_stream(request, result, "jsonl"))
+            return StreamingResponse(body, media_type="application/jsonlines", headers=headers)
         return formatted_response(request, result, headers)
     if req.stream:
         track_stream(request, result)
