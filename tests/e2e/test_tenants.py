@@ -2,7 +2,7 @@
 limits answer 429 with the standard headers, /metrics names tenants and never their keys.
 
 The server runs one sequence at a time (option.max_rolling_batch_size=1) with vLLM's priority
-scheduling; a long stream holds the only slot while the tests queue requests behind it. Tenants
+scheduling; a long stream (15,000 tokens) holds the only slot while the tests queue requests behind it. Tenants
 are named API keys (option.api_key_file).
 """
 
@@ -31,7 +31,9 @@ def tenant_server(tmp_path_factory):
         f"name=limited key={KEYS['limited']} requests_per_second=0.05\n"
     )
     props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "10",
-             "option.tenant_queue_share": "0.5", "option.api_key_file": "keys", "option.scheduling_policy": "priority"}
+             "option.tenant_queue_share": "0.5", "option.api_key_file": "keys", "option.scheduling_policy": "priority",
+             # the holding stream must outlast the tests on a fast, quiet host (3,500 tokens did not)
+             "option.max_model_len": "16384"}
     with running_server(model_dir, props) as proc:
         yield proc
 
@@ -53,7 +55,7 @@ class Holder:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
-        body = {"model": "lmi-demo", "prompt": "def f():\n", "max_tokens": 3500, "ignore_eos": True, "stream": True}
+        body = {"model": "lmi-demo", "prompt": "def f():\n", "max_tokens": 15000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", self.server.base_url + "/v1/completions", json=body, headers=auth("alice"), timeout=300) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
