@@ -2,10 +2,10 @@
 """Fair admission under multi-tenant load, against FIFO, side by side in one run.
 
     python benchmarks/fairness.py            # writes benchmarks/results/fairness.{json,png}
-    python benchmarks/fairness.py --reserved-slots 2 --name fairness_reserve2
+    python benchmarks/fairness.py --reserved-slots 1 --name fairness_reserve1
 
 For each admission policy (`option.admission_policy=fifo`, then `fair`) the built-in assistant
-(`make serve`'s model) is started with `option.max_num_seqs=8` and `option.tenant_header=x-tenant-id`;
+(`make serve`'s model) is started with `option.max_num_seqs=8` (fair: plus `option.reserved_slots`, default 2) and `option.tenant_header=x-tenant-id`;
 three tenants send streaming chat requests (greedy, `ignore_eos`, the same length each):
 
   1. A idle: tenants B and C each send one request every `--interval` seconds for `--baseline-s`;

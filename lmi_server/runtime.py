@@ -15,6 +15,7 @@ from typing import Any
 
 from lmi_server.config import host
 from lmi_server.config.schema import ConfigError, ServingConfig
+from lmi_server.config.options import default_reserved_slots
 from lmi_server.engine import engine_environment
 from lmi_server.kvcache.engine_memory import EngineMemoryError, EngineMemoryPlan, plan_cpu_kv_cache, probe_memory
 from lmi_server.kvcache.footprint import DTYPE_BYTES, ModelConfigError, kv_footprint
@@ -35,6 +36,8 @@ class Runtime:
     engine_memory: dict[str, Any] | None = None
     frontend_args: dict[str, Any] = field(default_factory=dict)
     blend: dict[str, Any] | None = None
+    fair_slots: dict[str, int] | None = None
+    """Slots added to the engine for fair admission (`fair_headroom`); None where none were."""
 
     def apply_environment(self) -> None:
         for key, value in self.env.items():
@@ -63,6 +66,7 @@ class Runtime:
             "engine_memory": self.engine_memory,
             "lmcache_plan": self.kv_plan.to_dict() if self.kv_plan else None,
             "lmcache_blend": self.blend,
+            "fair_slots": self.fair_slots,
             "speculative": self.cfg.speculative.model_dump(mode="json"),
             "adapters": self.cfg.adapters.model_dump(mode="json"),
             "sessions": self.cfg.sessions.model_dump(mode="json"),
@@ -97,6 +101,7 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
                 raise ConfigError([str(exc)]) from exc
         notes.append("no model configured: serving the embedded assistant smollm2-135m-instruct")
     builtin_defaults(cfg, engine_args, notes)
+    fair_slots = fair_headroom(cfg, engine_args, notes)
     engine_args.pop("speculative_config", None)
     speculative = resolve_speculative(cfg, engine_args, build_demo=build_demo)
     if speculative is not None:
@@ -122,8 +127,31 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
     return Runtime(
         cfg=cfg, engine_args=engine_args, env=env, kv_plan=kv_plan, notes=notes,
         engine_memory=memory.to_dict() if memory is not None else None,
-        frontend_args=frontend_args, blend=blend,
+        frontend_args=frontend_args, blend=blend, fair_slots=fair_slots,
     )
+
+
+def fair_headroom(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[str]) -> dict[str, int] | None:
+    """Fair admission's reserved slots on top of a batch size the user set: the engine runs
+    batch + reserved sequences and one tenant holds at most `batch`. Why: running streams cannot be
+    preempted, so slots kept free for newcomers must come from somewhere; carved out of the batch
+    they cost a lone flood its throughput, added to it they cost only the memory of a few more
+    sequences (KV is sized by memory, not by max_num_seqs). Where no batch size is set, vLLM's
+    default stays the engine's and admission carves the reserve out of it."""
+    tenants = cfg.tenants
+    batch = engine_args.get("max_num_seqs")
+    if tenants.admission_policy != "fair" or batch is None:
+        return None
+    batch = int(batch)
+    reserved = tenants.reserved_slots if tenants.reserved_slots is not None else default_reserved_slots(batch)
+    if reserved <= 0:
+        return None
+    engine_args["max_num_seqs"] = batch + reserved
+    notes.append(
+        f"fair admission: the engine runs max_num_seqs {batch} + option.reserved_slots {reserved} = {batch + reserved}; "
+        f"one tenant holds at most {batch}, the other {reserved} start other tenants' requests at once"
+    )
+    return {"batch_size": batch, "reserved_slots": reserved, "engine_max_num_seqs": batch + reserved}
 
 
 def blend_settings(cfg: ServingConfig):

@@ -15,7 +15,8 @@ Slot headroom (fair policy): while another tenant is present (has requests in fl
 or sent one within the last `PRESENCE_S` seconds), a tenant beyond its weighted share of the slots
 takes a free slot only if `reserved_slots` slots stay free, so that another tenant's request starts
 at once instead of waiting for someone else's stream to end (running streams cannot be preempted).
-Within its share, or alone, a tenant takes any free slot.
+Within its share, or alone, a tenant takes any free slot, up to `tenant_cap` when the reserved
+slots were added to the engine on top of the batch size (`runtime.fair_headroom`).
 
 The wait bound holds even when the event loop is late: each waiter carries its own deadline,
 enforced by one timer (the earliest deadline) and checked again whenever a slot is handed out or a
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter, Gauge, Histogram
 
 from lmi_server.api.fair_queue import DEFAULT_TENANT, Entry, FairQueue, Policy
+from lmi_server.config.options import default_reserved_slots
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +133,10 @@ class Admission:
     tenant_queue_share: float = 1.0
     """Share of queue_size one tenant may fill; its requests past that get 429."""
     reserved_slots: int | None = None
-    """Fair policy: slots a tenant beyond its share leaves free while others are present; None: max(1, slots // 8)."""
+    """Fair policy: slots a tenant beyond its share leaves free while others are present; None: config.options.default_reserved_slots(slots)."""
     weights: dict[str, float] = field(default_factory=dict)
+    tenant_cap: int | None = None
+    """Most slots one tenant holds, alone or not (the batch size the reserved slots were added to)."""
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
     active: int = 0
@@ -167,7 +171,7 @@ class Admission:
     def _reserve(self) -> int:
         if self.policy != "fair" or self.slots is None:
             return 0
-        reserve = self.reserved_slots if self.reserved_slots is not None else max(1, self.slots // 8)
+        reserve = self.reserved_slots if self.reserved_slots is not None else default_reserved_slots(self.slots)
         return min(reserve, self.slots - 1)
 
     def _present(self, now: float) -> list[str]:
@@ -183,7 +187,9 @@ class Admission:
     def _eligible(self, tenant: str) -> bool:
         """May `tenant` take a free slot now? Always, while it stays within its weighted share of the
         slots among the tenants present (or is alone); beyond its share only if `reserved_slots`
-        slots stay free for the others."""
+        slots stay free for the others; never past `tenant_cap`."""
+        if self.tenant_cap is not None and self._held[tenant] >= self.tenant_cap:
+            return False
         reserve = self._reserve()
         if not reserve:
             return True

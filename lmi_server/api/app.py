@@ -103,12 +103,14 @@ def create_app(
     app.state.runtime = runtime
     app.state.engine_owner = owner
     app.state.tenants = Tenants.from_config(cfg, api_keys)
+    fair_slots = getattr(runtime, "fair_slots", None)  # reserved slots added on top of the batch size
     app.state.admission = Admission(
         queue_size=cfg.server.job_queue_size,
         max_wait_s=cfg.server.max_queue_wait,
         policy=cfg.tenants.admission_policy,
         tenant_queue_share=cfg.tenants.tenant_queue_share,
-        reserved_slots=cfg.tenants.reserved_slots,
+        reserved_slots=fair_slots["reserved_slots"] if fair_slots else cfg.tenants.reserved_slots,
+        tenant_cap=fair_slots["batch_size"] if fair_slots else None,
         weights=app.state.tenants.weights,
     )
     app.state.draining = False

@@ -254,10 +254,12 @@ class TenantOptions(BaseModel):
     reserved_slots: int | None = Field(
         None,
         ge=0,
-        description="Fair policy: while other tenants are present (requests in flight or waiting, or one in the "
-        "last 60 s), a tenant beyond its weighted share of the engine slots takes a free slot only if this many "
-        "stay free, so that the others' requests start without waiting for its streams to end. Default: "
-        "max(1, max_num_seqs // 8); 0: none. Within its share, or alone, a tenant takes any free slot.",
+        description="Fair policy: engine slots kept for the tenants within their share. Where the batch size is "
+        "set (option.max_rolling_batch_size / max_num_seqs) the engine runs that many plus these, and one tenant "
+        "holds at most the batch size: a flood keeps the throughput it has alone while another tenant's request "
+        "starts at once. Where it is not set, they come out of vLLM's default. While other tenants are present "
+        "(requests in flight or waiting, or one in the last 60 s), a tenant beyond its weighted share takes a "
+        "free slot only if this many stay free. Default: max(2, batch size // 8); 0: none.",
     )
     tenant_requests_per_second: float | None = Field(
         None,
@@ -303,3 +305,10 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "security": SecurityOptions,
     "tenants": TenantOptions,
 }
+
+
+def default_reserved_slots(batch_size: int) -> int:
+    """option.reserved_slots when unset: one slot per eight, at least two (with one, two newcomers
+    arriving together take turns waiting for it: benchmarks/results/fairness_reserve1.json)."""
+    return max(2, int(batch_size) // 8)
+

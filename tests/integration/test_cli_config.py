@@ -24,7 +24,9 @@ def test_prints_resolved_config_and_exact_engine_args(tmp_path):
     out = run_config(tmp_path, "engine=Python\noption.max_rolling_batch_size=8\noption.dtype=fp32\n", {"OPTION_MAX_MODEL_LEN": "2048"})
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["vllm_engine_args"]["max_num_seqs"] == 8
+    # fair admission (the default) adds option.reserved_slots (default max(2, 8 // 8)) to the batch size
+    assert doc["vllm_engine_args"]["max_num_seqs"] == 10
+    assert doc["fair_slots"] == {"batch_size": 8, "reserved_slots": 2, "engine_max_num_seqs": 10}
     assert doc["vllm_engine_args"]["max_model_len"] == 2048
     assert doc["vllm_engine_args"]["dtype"] == "float32"
     assert doc["not_applicable"] == {"engine": "the vLLM engine is built in"}

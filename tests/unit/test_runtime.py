@@ -181,3 +181,21 @@ def test_builtin_tool_defaults_keep_a_users_structured_outputs_backend():
     frontend_args: dict = {}
     runtime.builtin_tool_defaults(SimpleNamespace(model=SimpleNamespace(source="assistant")), engine_args, frontend_args, [])
     assert frontend_args["tool_call_parser"] == "pythonic" and engine_args["structured_outputs_config"] == {"backend": "guidance"}
+
+
+@pytest.mark.parametrize(
+    "props, engine_seqs, fair",
+    [
+        ({"option.max_rolling_batch_size": "8"}, 10, {"batch_size": 8, "reserved_slots": 2, "engine_max_num_seqs": 10}),
+        ({"option.max_rolling_batch_size": "64"}, 72, {"batch_size": 64, "reserved_slots": 8, "engine_max_num_seqs": 72}),
+        ({"option.max_num_seqs": "64", "option.reserved_slots": "4"}, 68, {"batch_size": 64, "reserved_slots": 4, "engine_max_num_seqs": 68}),
+        ({"option.max_num_seqs": "8", "option.reserved_slots": "0"}, 8, None),
+        ({"option.max_num_seqs": "8", "option.admission_policy": "fifo"}, 8, None),
+        ({}, None, None),  # no batch size: vLLM's default, the reserve comes out of it
+    ],
+)
+def test_fair_admission_adds_its_reserved_slots_to_a_batch_size_the_user_set(tmp_path, props, engine_seqs, fair):
+    runtime = resolve_runtime(build_serving_config({"option.max_model_len": "1024", **props}, model_dir(tmp_path)), build_demo=False)
+    assert runtime.engine_args.get("max_num_seqs") == engine_seqs
+    assert runtime.fair_slots == fair
+    assert any("option.reserved_slots" in note for note in runtime.notes) == (fair is not None)

@@ -250,7 +250,7 @@ def test_one_tenant_cannot_fill_the_queue():
 
 def test_reserved_slots_let_a_newcomer_start_at_once():
     async def scenario():
-        adm = Admission(queue_size=100, slots=4, policy="fair")  # reserve: max(1, 4 // 8) = 1; A and B present: a share of 2 each
+        adm = Admission(queue_size=100, slots=4, policy="fair", reserved_slots=1)  # A and B present: a share of 2 each
         alone = [await adm.acquire("A") for _ in range(4)]  # alone, A gets every slot
         assert adm.active == 4
         for t in alone:
@@ -285,5 +285,26 @@ def test_a_high_priority_request_goes_first():
         for t in low:
             t.cancel()
         await asyncio.gather(*low, return_exceptions=True)
+
+    run(scenario())
+
+
+def test_added_slots_keep_a_lone_tenant_at_the_batch_size_and_start_others_at_once():
+    async def scenario():
+        # runtime.fair_headroom: batch 4 + 2 reserved slots = an engine of 6; one tenant holds at most 4
+        adm = Admission(queue_size=100, slots=6, policy="fair", reserved_slots=2, tenant_cap=4)
+        a = [asyncio.create_task(adm.acquire("A")) for _ in range(8)]
+        await asyncio.sleep(0)
+        assert adm.held("A") == 4 and adm.waiting == 4  # alone: the batch size, as without fair admission
+        b = await asyncio.wait_for(adm.acquire("B"), 1)
+        c = await asyncio.wait_for(adm.acquire("C"), 1)  # both start at once, in the added slots
+        assert adm.active == 6 and adm.held("A") == 4
+        b.release()
+        await asyncio.sleep(0)
+        assert adm.held("A") == 4  # the freed slot is not A's: it is already at its cap
+        c.release()
+        for t in a:
+            t.cancel()
+        await asyncio.gather(*a, return_exceptions=True)
 
     run(scenario())
