@@ -65,6 +65,26 @@ async def ticker(client, url, tenant, offset_s, interval_s, stop: asyncio.Event,
     return list(await asyncio.gather(*tasks))
 
 
+async def queue_waits(client: httpx.AsyncClient, url: str) -> dict:
+    """Per tenant, how many admitted requests waited for an engine slot more than 0.1 / 0.5 s, from
+    the server's own histogram (idle phase included): tells a wait for a slot from a slow engine step."""
+    text = (await client.get(url + "/metrics")).text
+    out: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("lmi_tenant_queue_wait_seconds_bucket{"):
+            continue
+        labels, value = line[line.index("{") + 1:line.index("}")], float(line.split()[-1])
+        fields = dict(part.split("=", 1) for part in labels.split(","))
+        tenant, le = fields["tenant"].strip('"'), fields["le"].strip('"')
+        out.setdefault(tenant, {})[le] = value
+    result = {}
+    for tenant, buckets in out.items():
+        total = buckets.get("+Inf", 0.0)
+        result[tenant] = {"admitted": total, "waited_over_0.1_s": total - buckets.get("0.1", 0.0),
+                          "waited_over_0.5_s": total - buckets.get("0.5", 0.0)}
+    return result
+
+
 def summary(results: list[dict]) -> dict:
     ok = [r for r in results if r["ok"]]
     ttft = [r["ttft_s"] for r in ok]
@@ -96,6 +116,7 @@ async def run_policy(url: str, args) -> dict:
         stop.set()
         rb, rc = await b, await c
         wall = time.perf_counter() - t0
+        waits = await queue_waits(client, url)
         everyone = flood + rb + rc
         tokens = sum(r["tokens"] for r in everyone)
         a_statuses: dict[str, int] = {}
@@ -106,7 +127,8 @@ async def run_policy(url: str, args) -> dict:
             "flood": {"B": summary(rb), "C": summary(rc), "A": summary(flood) | {"statuses": a_statuses},
                       "A_done_s": round(a_end, 1), "wall_s": round(wall, 1), "output_tokens": tokens,
                       "output_tokens_per_s": round(tokens / wall, 2),
-                      "A_errors": sorted({r["error"] for r in flood if not r["ok"] and r["status"] != 429})[:3]},
+                      "A_errors": sorted({r["error"] for r in flood if not r["ok"] and r["status"] != 429})[:3],
+                      "queue_wait": waits},
             "timeline": {t: [[round(r["sent_s"], 2), round(r["ttft_s"], 3)] for r in everyone if r["tenant"] == t and r["ok"]]
                          for t in ("B", "C")},
         }
@@ -123,6 +145,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--reserved-slots", type=int, default=None, help="option.reserved_slots (default: the server's)")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="another option.KEY for both servers (e.g. max_num_batched_tokens=96)")
     ap.add_argument("--name", default="fairness")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lmi-fair-"))
@@ -134,6 +158,9 @@ def main() -> int:
                     "OPTION_TENANT_HEADER": "x-tenant-id"})
         if args.reserved_slots is not None:
             env["OPTION_RESERVED_SLOTS"] = str(args.reserved_slots)
+        for option in args.option:
+            key, _, value = option.partition("=")
+            env["OPTION_" + key.removeprefix("option.").upper()] = value
         port = free_port()
         argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
                 "--host", "127.0.0.1", "--port", str(port)]

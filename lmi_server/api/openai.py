@@ -17,6 +17,10 @@ router = APIRouter()
 def parse_request(model_cls, body):
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
+    priority = body.get("priority")
+    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+        # as a bad x-priority header: 400, not the schema's 422 (LMI's and vLLM's priority is an integer)
+        raise APIError(400, f"priority: {str(priority)[:40]!r} is not an integer (lower is earlier)")
     try:
         return model_cls.model_validate(body)
     except ValidationError as exc:

@@ -127,6 +127,9 @@ def test_a_bad_priority_is_a_400(tenant_server):
     lmi = httpx.post(tenant_server.base_url + "/invocations", headers={**auth("alice"), "x-priority": "1.5"},
                      json={"inputs": "x", "parameters": {"max_new_tokens": 1}}, timeout=60)
     assert lmi.status_code == 400 and lmi.json()["code"] == 400
+    body = httpx.post(tenant_server.base_url + "/v1/completions", headers=auth("alice"),
+                      json={"model": "lmi-demo", "prompt": "x", "max_tokens": 1, "priority": "high"}, timeout=60)
+    assert body.status_code == 400 and "priority" in body.json()["error"]["message"], body.text
     ok = httpx.post(tenant_server.base_url + "/v1/chat/completions", headers=auth("alice"),
                     json={"model": "lmi-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "priority": -3},
                     timeout=60)
