@@ -625,7 +625,7 @@ def main() -> None:
                     cnt[k] += int(m.sum())
             if torch.is_tensor(loss):
                 (loss / (args.batch * K)).backward()
-                tot += float(loss) / K
+                tot += float(loss.detach()) / K
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
         losses.append(tot / args.batch)
