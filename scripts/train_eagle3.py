@@ -549,7 +549,13 @@ def main() -> None:
     if args.check_only:
         if not args.out:
             raise SystemExit("--check-only needs --out")
-        print(json.dumps(check_vllm(args, held_rows), indent=1))
+        res = check_vllm(args, held_rows)
+        rec_path = Path(args.out) / "training.json"
+        if rec_path.exists() and "identical_greedy" in res:
+            rec = json.loads(rec_path.read_text())
+            rec["vllm"] = res
+            rec_path.write_text(json.dumps(rec, indent=1) + "\n")
+        print(json.dumps(res, indent=1))
         return
 
     from transformers import AutoModelForCausalLM
