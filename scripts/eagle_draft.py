@@ -91,6 +91,37 @@ def make_draft(target, *, zero_residual_writers: bool = False):
     return d
 
 
+def unrolled_attention(q, keys: list, vals: list, scale: float):
+    """Attention of draft step k = len(keys) over every position at once, as vLLM's draft KV cache
+    holds it: step-1 keys at positions <= p-(k-1), plus the step-j key at position p-(k-j) for
+    j = 2..k. q [B,nh,T,d]; keys/vals: one [B,nkv,T,d] per step so far (heads already repeated to
+    q's). Returns [B,nh,T,d]."""
+    import torch
+
+    T = q.shape[2]
+    k = len(keys)
+    ar = torch.arange(T)
+    s1 = torch.matmul(q, keys[0].transpose(-1, -2)) * scale  # [B,nh,T,T]
+    allowed = ar.view(1, -1) <= (ar.view(-1, 1) - (k - 1))
+    parts_s, parts_v = [s1.masked_fill(~allowed, float("-inf"))], []
+    for j in range(2, k + 1):
+        off = k - j
+        kj, vj = keys[j - 1], vals[j - 1]
+        if off:
+            kj = torch.nn.functional.pad(kj, (0, 0, off, 0))[:, :, :T]
+            vj = torch.nn.functional.pad(vj, (0, 0, off, 0))[:, :, :T]
+        sj = (q * kj).sum(-1, keepdim=True) * scale  # [B,nh,T,1]
+        if off:
+            sj = sj.masked_fill((ar < off).view(1, 1, T, 1), float("-inf"))
+        parts_s.append(sj)
+        parts_v.append(vj)
+    p = torch.softmax(torch.cat(parts_s, dim=-1), dim=-1).nan_to_num(0.0)
+    attn = torch.matmul(p[..., :T], vals[0])
+    for idx, vj in enumerate(parts_v):
+        attn = attn + p[..., T + idx : T + idx + 1] * vj
+    return attn
+
+
 def draft_unroll(draft, target, tokens, feats, K: int):
     """Run K speculative steps over every anchor position at once, mirroring vLLM.
 
@@ -108,34 +139,13 @@ def draft_unroll(draft, target, tokens, feats, K: int):
     pos = torch.arange(T).unsqueeze(0)
     cos, sin = target.model.rotary_emb(emb, pos)
     scale = 1.0 / math.sqrt(draft.hd)
-    ar = torch.arange(T)
     outs, keys, vals = [], [], []
     feat = feats[:, :T]
     for k in range(1, K + 1):
         x, q, kk, vv = draft.inputs(emb, feat, cos, sin)
         keys.append(kk)
         vals.append(vv)
-        # scores against step-1 keys: causal with offset (k-1)
-        s1 = torch.matmul(q, keys[0].transpose(-1, -2)) * scale  # [B,nh,T,T]
-        allowed = ar.view(1, -1) <= (ar.view(-1, 1) - (k - 1))
-        s1 = s1.masked_fill(~allowed, float("-inf"))
-        parts_s, parts_v = [s1], []
-        for j in range(2, k + 1):
-            off = k - j
-            kj, vj = keys[j - 1], vals[j - 1]
-            if off:
-                kj = torch.nn.functional.pad(kj, (0, 0, off, 0))[:, :, :T]
-                vj = torch.nn.functional.pad(vj, (0, 0, off, 0))[:, :, :T]
-            sj = (q * kj).sum(-1, keepdim=True) * scale  # [B,nh,T,1]
-            if off:
-                sj[:, :, :off] = float("-inf")
-            parts_s.append(sj)
-            parts_v.append(vj)
-        s = torch.cat(parts_s, dim=-1)
-        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-        attn = torch.matmul(p[..., :T], vals[0])
-        for idx, vj in enumerate(parts_v):
-            attn = attn + p[..., T + idx : T + idx + 1] * vj
+        attn = unrolled_attention(q, keys, vals, scale)
         out = draft.finish(x, attn)
         outs.append(out)
         feat = torch.nn.functional.pad(out, (0, 0, 1, 0))[:, :T]  # step k+1 at p uses out_k[p-1]

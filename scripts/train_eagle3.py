@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eagle_draft import lr_at, unrolled_attention  # noqa: E402  (shared with the EAGLE-1 kit trainers)
 CORPUS = REPO / "lmi_server" / "demo" / "assistant" / "corpus"
 PROTECTED = REPO / "lmi_server" / "demo" / "assistant" / "eagle"
 T0 = time.time()
@@ -235,37 +237,17 @@ def unroll(head, emb, aux, cos, sin, K: int):
     pre-norm output at p-1 and attends to step-1 keys at positions <= p-(k-1) plus the step-j key
     at position p-(k-j) (j = 2..k). Returns logits of each step, [B,T,Vd] (row p of step k predicts
     the target's greedy token at p+1, i.e. the token after the one read there)."""
-    import torch
     import torch.nn.functional as F
 
     B, T, _ = emb.shape
     scale = 1.0 / math.sqrt(head.hd)
-    ar = torch.arange(T)
     h = head.fc(aux)
     keys, vals, logits = [], [], []
     for k in range(1, K + 1):
         q, kk, vv = head.qkv(emb, h, cos, sin)
         keys.append(kk)
         vals.append(vv)
-        s1 = torch.matmul(q, keys[0].transpose(-1, -2)) * scale
-        allowed = ar.view(1, -1) <= (ar.view(-1, 1) - (k - 1))
-        s1 = s1.masked_fill(~allowed, float("-inf"))
-        parts_s, parts_v = [s1], []
-        for j in range(2, k + 1):
-            off = k - j
-            kj, vj = keys[j - 1], vals[j - 1]
-            if off:
-                kj = F.pad(kj, (0, 0, off, 0))[:, :, :T]
-                vj = F.pad(vj, (0, 0, off, 0))[:, :, :T]
-            sj = (q * kj).sum(-1, keepdim=True) * scale
-            if off:
-                sj = sj.masked_fill((ar < off).view(1, 1, T, 1), float("-inf"))
-            parts_s.append(sj)
-            parts_v.append(vj)
-        p = torch.softmax(torch.cat(parts_s, dim=-1), dim=-1).nan_to_num(0.0)
-        attn = torch.matmul(p[..., :T], vals[0])
-        for idx, vj in enumerate(parts_v):
-            attn = attn + p[..., T + idx:T + idx + 1] * vj
+        attn = unrolled_attention(q, keys, vals, scale)
         r, lg = head.finish(h, attn)
         logits.append(lg)
         h = F.pad(r, (0, 0, 1, 0))[:, :T]  # step k+1 at p reads step k's output at p-1
@@ -340,13 +322,6 @@ def seq_forward(head, target, f, K: int, t2dmap):
         lab[: k - 1] = -100
         step_labels.append(lab)
     return [lg[0] for lg in logits], step_labels
-
-
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
 def evaluate(head, target, feats, K: int, t2dmap, d2t_abs) -> dict:
