@@ -10,6 +10,8 @@ from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
 from lmi_server.api.generation import admit, as_response, call_serving, engine_state
 from lmi_server.api.lmi_formatters import apply_payload_formatter
+from lmi_server.api.admission import BadPriority
+from lmi_server.api.tenants import body_priority
 
 router = APIRouter()
 
@@ -17,10 +19,11 @@ router = APIRouter()
 def parse_request(model_cls, body):
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
-    priority = body.get("priority")
-    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-        # as a bad x-priority header: 400, not the schema's 422 (LMI's and vLLM's priority is an integer)
-        raise APIError(400, f"priority: {str(priority)[:40]!r} is not an integer (lower is earlier)")
+    if body.get("priority") is not None:
+        try:  # as a bad x-priority header: 400, not the schema's 422
+            body_priority(body["priority"])
+        except BadPriority as exc:
+            raise APIError(400, str(exc)) from None
     try:
         return model_cls.model_validate(body)
     except ValidationError as exc:

@@ -83,6 +83,13 @@ class Tenants:
         return DEFAULT_TENANT
 
 
+def body_priority(value: Any) -> int:
+    """The body's `priority` (vLLM's and OpenAI's field) as an integer, or BadPriority."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadPriority(f"priority: {str(value)[:40]!r} is not an integer (lower is earlier)")
+    return value
+
+
 def parse_priority(headers: Any, parsed: Any) -> int:
     """x-priority header, else the body's `priority` (vLLM's field), else 0."""
     raw = headers.get(PRIORITY_HEADER)
@@ -92,9 +99,7 @@ def parse_priority(headers: Any, parsed: Any) -> int:
         except ValueError:
             raise BadPriority(f"{PRIORITY_HEADER}: {raw[:40]!r} is not an integer (lower is earlier; e.g. x-priority: -1)") from None
     else:
-        value = getattr(parsed, "priority", 0) or 0
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise BadPriority(f"priority: {value!r} is not an integer (lower is earlier)")
+        value = body_priority(getattr(parsed, "priority", 0) or 0)
     if not PRIORITY_RANGE[0] <= value <= PRIORITY_RANGE[1]:
         raise BadPriority(f"priority {value} is out of range [{PRIORITY_RANGE[0]}, {PRIORITY_RANGE[1]}]")
     return value
