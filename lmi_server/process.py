@@ -32,8 +32,15 @@ def spawn(
     pass_fds: Sequence[int] = (),
     append: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Start argv in its own session; stdout and stderr go to `log` (a path, an open file, or
-    subprocess.PIPE); stdin is /dev/null. `env` is the whole environment (None: inherit)."""
+    """Start argv in its own process group (one signal reaches all of it), in the caller's
+    session; stdout and stderr go to `log` (a path, an open file, or subprocess.PIPE); stdin is
+    /dev/null. `env` is the whole environment (None: inherit).
+
+    Not a session of its own: with the kernel's autogroup scheduling (on by default on most
+    distributions) each session gets an equal share of the CPUs, and a server in a session of its
+    own ran its engine worker (pinned to one core) behind the other sessions: a request joining a
+    running one waited 20-60 s for its first token on a 2-core host, where the same server in the
+    caller's session answered in 0.1 s (README, Reliability)."""
     out: Any = log
     opened = None
     if isinstance(log, (str, Path)):
@@ -46,7 +53,7 @@ def spawn(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT if out is not None else None,
-            start_new_session=True,  # own process group: one signal reaches all of it
+            process_group=0,  # own process group, same session (see the docstring)
             pass_fds=tuple(pass_fds),
         )
     finally:

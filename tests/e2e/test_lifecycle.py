@@ -15,8 +15,12 @@ from tests.e2e.conftest import BASE_PROPS
 from tests.support.server import ServerProcess, server_env, write_properties
 
 
+STREAM_TOKENS = 3000
+
+
 def _start(tmp_path) -> ServerProcess:
-    write_properties(tmp_path, BASE_PROPS)
+    # the drain must outlast the long streams on a slow host too
+    write_properties(tmp_path, {**BASE_PROPS, "option.graceful_shutdown_timeout": "300"})
     return ServerProcess(tmp_path, tmp_path / "server.log", env=server_env()).start()
 
 
@@ -70,7 +74,9 @@ def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(tmp_path
         children = server.descendants()
         assert children, "the engine runs in child processes"
         results: list[dict] = [{"streaming": threading.Event()}, {"streaming": threading.Event()}]
-        workers = [threading.Thread(target=_stream_tokens, args=(server, r, 400)) for r in results]
+        # Long enough to be still running after the checks below on a fast host (400 tokens of the
+        # tiny model ended within a second of SIGTERM there, and the server was gone before the POST).
+        workers = [threading.Thread(target=_stream_tokens, args=(server, r, STREAM_TOKENS)) for r in results]
         for w in workers:
             w.start()
         for r in results:
@@ -82,10 +88,11 @@ def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(tmp_path
         assert ping.status_code == 503 and ping.json()["status"] == "draining"
         refused = httpx.post(server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=30)
         assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
+        assert not any(r.get("done") for r in results), "the streams ended before the drain was checked: make them longer"
         for w in workers:
-            w.join(120)
+            w.join(240)
         for r in results:  # the open streams ran to their end
-            assert r.get("status") == 200 and r.get("done") and r.get("tokens") == 400 and "error_event" not in r, r
+            assert r.get("status") == 200 and r.get("done") and r.get("tokens") == STREAM_TOKENS and "error_event" not in r, r
         assert server.proc.wait(90) == 0
         log = server.log_path.read_text(errors="replace")
         assert "drained: no request in flight" in log and "shutting down: stopping the engine" in log
