@@ -39,8 +39,8 @@ def spawn(
     Not a session of its own: with the kernel's autogroup scheduling (on by default on most
     distributions) each session gets an equal share of the CPUs, and a server in a session of its
     own ran its engine worker (pinned to one core) behind the other sessions: a request joining a
-    running one waited 20-60 s for its first token on a 2-core host, where the same server in the
-    caller's session answered in 0.1 s (README, Reliability)."""
+    running one waited 20-66 s for its answer on a 2-core host, where the same server in the
+    caller's session answered in 0.15 s at most (README, Reliability)."""
     out: Any = log
     opened = None
     if isinstance(log, (str, Path)):

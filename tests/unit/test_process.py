@@ -1,7 +1,7 @@
 """Child processes: their own process group (one signal stops all of it), the caller's session.
 
 A session of its own puts a child in an autogroup of its own under the kernel's autogroup
-scheduling: the server's engine worker then ran behind the other sessions (20-60 s stalls on a
+scheduling: the server's engine worker then ran behind the other sessions (20-66 s stalls on a
 2-core host; see lmi_server/process.py)."""
 
 from __future__ import annotations
