@@ -41,10 +41,9 @@ def cmd_serve(args) -> int:
     from lmi_server.api.app import create_app
     from lmi_server.api.lifecycle import DrainingServer, exit_after_serving
     from lmi_server.api.auth import load_api_keys, warn_if_unprotected
-    from lmi_server.runtime import check_servable, resolve_runtime
+    from lmi_server.runtime import resolve_runtime
 
     cfg = _load(args)
-    check_servable(cfg)
     warn_if_unprotected(args.host, load_api_keys(cfg.security, cfg.model_dir))
     runtime = resolve_runtime(cfg, build_demo=True)
     runtime.apply_environment()

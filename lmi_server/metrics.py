@@ -8,6 +8,7 @@ the client sees it (first streamed chunk that carries generated text).
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import threading
 import time
@@ -193,6 +194,54 @@ def register_lmcache_collector(plan, supervisor):
     if plan is None or plan.mode != "mp":
         return None
     collector = LMCacheCollector(plan, supervisor)
+    REGISTRY.register(collector)
+    return collector
+
+
+class BlendCollector:
+    """What KV blending did, from the counters the engine's worker keeps beside the segment store."""
+
+    HELP = {
+        "blended_requests": ("lmi_blend_requests", "Prompts served by KV blending (CacheBlend)"),
+        "stored_segments": ("lmi_blend_stored_segments", "Segments whose KV was stored for blending"),
+        "missed_loads": ("lmi_blend_missed_loads", "Cached segments gone between lookup and load (computed instead)"),
+        "blend_seconds": ("lmi_blend_seconds", "Seconds spent in blended prefills (load, forward, copy, store)"),
+    }
+
+    def __init__(self, store_dir: str) -> None:
+        self.store_dir = store_dir
+
+    def collect(self):
+        from lmi_server.kvcache.blend.store import BlendCounters
+
+        values = BlendCounters.read(self.store_dir)
+        tokens = CounterMetricFamily(
+            "lmi_blend_tokens", "Prompt tokens of blended prompts: KV reused, reused but recomputed at the check "
+            "layer, and computed (segments that missed, separators, the query)", labels=["kind"])
+        for kind in ("reused", "recomputed", "computed"):
+            tokens.add_metric([kind], values[f"{kind}_tokens"])
+        yield tokens
+        for key, (name, help_text) in self.HELP.items():
+            family = CounterMetricFamily(name, help_text)
+            family.add_metric([], values[key])
+            yield family
+        stored = GaugeMetricFamily("lmi_blend_store_bytes", "Bytes of segment KV held for blending")
+        stored.add_metric([], float(_dir_bytes(self.store_dir)))
+        yield stored
+
+
+def _dir_bytes(path: str) -> int:
+    try:
+        return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".kv"))
+    except FileNotFoundError:
+        return 0
+
+
+def register_blend_collector(blend: dict | None):
+    """The blend counters in /metrics when blending is on (`Runtime.blend`)."""
+    if not blend or not blend.get("store_dir"):
+        return None
+    collector = BlendCollector(blend["store_dir"])
     REGISTRY.register(collector)
     return collector
 

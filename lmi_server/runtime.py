@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,24 +173,13 @@ def blend_settings(cfg: ServingConfig):
         raise ConfigError([str(exc)]) from exc
 
 
-def check_servable(cfg: ServingConfig) -> None:
-    """Refuse at `serve` what `lmi-server config` may show but this version cannot serve: blending,
-    whose engine integration is not built yet (see lmi_server/kvcache/blend/DESIGN.md)."""
-    from lmi_server.kvcache.blend.settings import require_engine_integration
-    from lmi_server.kvcache.plan import KVCacheConfigError
-
-    try:
-        require_engine_integration(blend_settings(cfg))
-    except KVCacheConfigError as exc:
-        raise ConfigError([str(exc)]) from exc
-
-
 def plan_blend(
     cfg: ServingConfig, engine_args: dict[str, Any], model_config: dict[str, Any] | None, kv_plan: KVCachePlan
 ) -> dict[str, Any] | None:
     """What blending would do with this configuration, with reasons; None when it is off. A model or
     a cache layout it cannot handle is a ConfigError saying why."""
-    from lmi_server.kvcache.blend.settings import ENGINE_INTEGRATION_MISSING
+    from lmi_server.kvcache.blend.segments import DEFAULT_CHUNK_SIZE
+    from lmi_server.kvcache.blend.settings import EXTRA_CONFIG_KEY, BlendConfig
     from lmi_server.kvcache.blend.support import BlendUnsupportedModel, check_model
 
     settings = blend_settings(cfg)
@@ -207,21 +197,60 @@ def plan_blend(
         support = check_model(model_config, kv_cache_dtype=engine_args.get("kv_cache_dtype"))
     except BlendUnsupportedModel as exc:
         raise ConfigError([f"option.lmcache_blend: {exc}"]) from exc
-    chunk = kv_plan.tiers.chunk_size if kv_plan.tiers is not None else None
+    from lmi_server.kvcache.lmcache import GUARDED_MP_CONNECTOR
+
+    if (kv_plan.kv_transfer_config or {}).get("kv_connector") != GUARDED_MP_CONNECTOR:
+        raise ConfigError([
+            "option.lmcache_blend runs in this server's connector, which blends into vLLM's CPU KV layout "
+            "(engine_driven transfers); this host's plan uses LMCache's own connector (GPU), where blending is not built"
+        ])
+    if engine_args.get("speculative_config"):
+        raise ConfigError([
+            "option.lmcache_blend cannot be combined with speculative decoding: the draft model has no KV for the "
+            "blended prompt; remove option.speculative_config / option.speculative_method or the blend option"
+        ])
+    if engine_args.get("enable_prefix_caching"):
+        raise ConfigError([
+            "option.lmcache_blend turns vLLM's prefix caching off (a blended prompt's blocks must not be reused as an "
+            "exact prefix); remove option.enable_prefix_caching=true (LMCache still serves prefixes)"
+        ])
+    engine_args["enable_prefix_caching"] = False
+    chunk = kv_plan.tiers.chunk_size if kv_plan.tiers is not None else DEFAULT_CHUNK_SIZE
+    opts = cfg.lmcache
+    blend_config = BlendConfig(
+        separator=settings.separator, recompute_ratio=settings.recompute_ratio, check_layer=support.check_layer,
+        chunk_size=chunk, min_reused_tokens=opts.lmcache_blend_min_reused_tokens,
+        store_dir=blend_store_dir(), store_max_bytes=int(opts.lmcache_blend_store_gb * 2**30),
+        model_identity=f"{engine_args['model']}|{engine_args.get('dtype', 'auto')}|{engine_args.get('kv_cache_dtype', 'auto')}",
+    )
+    if kv_plan.kv_transfer_config is not None:
+        extra = kv_plan.kv_transfer_config.setdefault("kv_connector_extra_config", {})
+        extra[EXTRA_CONFIG_KEY] = blend_config.to_dict()
     where = settings.sources
     return {
         **settings.to_dict(),
         "check_layer": support.check_layer,
         "chunk_size": chunk,
+        "min_reused_tokens": blend_config.min_reused_tokens,
+        "store_dir": blend_config.store_dir,
+        "store_max_bytes": blend_config.store_max_bytes,
         "reasons": [
             f"segments cut at {settings.separator!r} ({where['separator']}); each segment keyed by its own tokens, "
             f"per {chunk}-token chunk, whatever stands before it",
             f"recompute {settings.recompute_ratio:g} of the reused tokens with the most deviating KV at layer "
             f"{support.check_layer} ({where['recompute_ratio']}), plus every token of missed segments and the query",
             support.describe(),
+            f"a prompt is blended when its cached segments cover >= {blend_config.min_reused_tokens} tokens; "
+            f"segment KV kept in {blend_config.store_dir} (at most {opts.lmcache_blend_store_gb:g} GiB); "
+            "vLLM's prefix caching off, LMCache serves prefixes",
         ],
-        "serve": ENGINE_INTEGRATION_MISSING,
     }
+
+
+def blend_store_dir() -> str:
+    """Where this server keeps segment KV: a tmpfs where there is one, one directory per server."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, f"lmi-blend-{os.getpid()}")
 
 
 def preflight_checks(engine_args: dict[str, Any], model_config: dict[str, Any] | None, kv_plan: KVCachePlan) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,7 +23,7 @@ from lmi_server.api.tenants import Tenants
 from lmi_server.adapters.formatters import FormatterError, load_model_formatters
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import EngineOwner
-from lmi_server.metrics import MetricsMiddleware, register_lmcache_collector, unregister_collector
+from lmi_server.metrics import MetricsMiddleware, register_blend_collector, register_lmcache_collector, unregister_collector
 from lmi_server.metrics import router as metrics_router
 from lmi_server.redact import install_log_redaction, register_secret
 
@@ -85,6 +86,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         install_log_redaction()  # uvicorn's and vLLM's handlers exist by now
         collector = register_lmcache_collector(kv_plan, cache_server)
+        blend_collector = register_blend_collector(getattr(runtime, "blend", None))
         if start_engine:
             owner.start_background()
         sweeper = asyncio.create_task(_sweep_sessions(app.state.session_hook.store, cfg.sessions.sessions_sweep_interval))
@@ -97,6 +99,8 @@ def create_app(
             log.info("shutting down: stopping the engine")
             await owner.stop()
             unregister_collector(collector)
+            unregister_collector(blend_collector)
+            remove_blend_store(getattr(runtime, "blend", None))
 
     app = FastAPI(title="lmi_server", lifespan=lifespan)
     app.state.config = cfg
@@ -137,3 +141,9 @@ def create_app(
     install_openapi(app)  # the request bodies the routes read themselves
     app.add_middleware(AdmissionReleaseMiddleware)
     return app
+
+
+def remove_blend_store(blend: dict | None) -> None:
+    """The segment KV of this server's blending lives in a directory of its own (tmpfs): gone with it."""
+    if blend and blend.get("store_dir"):
+        shutil.rmtree(blend["store_dir"], ignore_errors=True)

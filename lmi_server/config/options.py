@@ -126,8 +126,9 @@ class LMCacheOptions(BaseModel):
     lmcache_blend: bool = Field(
         False,
         description="CacheBlend: reuse the KV of prompt segments wherever they appear, not only as a prefix "
-        "(the LMCache file's `enable_blending`). In progress: `lmi-server config` shows the plan and checks the "
-        "model (Llama, Qwen2, Qwen3), `serve` refuses it until the engine integration lands.",
+        "(the LMCache file's `enable_blending`). Needs LMCache in MP mode and a Llama, Qwen2 or Qwen3 model; turns "
+        "vLLM's own prefix caching off (LMCache still serves prefixes) and cannot be combined with speculative "
+        "decoding. See the README's CacheBlend section for what it costs in quality.",
     )
     lmcache_blend_separator: str = Field(
         " # # ", min_length=1,
@@ -139,6 +140,17 @@ class LMCacheOptions(BaseModel):
         0.15, ge=0, le=1,
         description="Share of the reused tokens whose KV deviates most at the check layer that option.lmcache_blend "
         "recomputes, besides every token of segments that missed and of the query (LMCache's `blend_recompute_ratios`).",
+    )
+
+    lmcache_blend_store_gb: float = Field(
+        2.0, gt=0,
+        description="GiB of segment KV that option.lmcache_blend keeps (in /dev/shm, per server); the segments used "
+        "longest ago are dropped past it.",
+    )
+    lmcache_blend_min_reused_tokens: int = Field(
+        256, ge=1,
+        description="A prompt is blended when its cached segments cover at least this many tokens (and more than "
+        "LMCache's prefix hit); below it the prompt is computed as usual and its segments stored.",
     )
 
     @field_validator("lmcache_blend_separator", mode="before")

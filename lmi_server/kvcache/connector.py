@@ -9,6 +9,10 @@ store is in flight takes the engine down with it. Dropping the store is what the
 does once its health ping has failed: the request keeps its KV in the engine, only the copy in
 the cache tier is missing, and later requests recompute those tokens.
 
+With `option.lmcache_blend` on, the same connector also blends (CacheBlend): the scheduler side
+decides per prompt (`blend/scheduling.py`), the worker side fills the blocks of blended prompts and
+stores segments (`blend/worker.py`); LMCache's prefix path serves every other prompt as before.
+
 vLLM loads this class by name (`kv_connector_module_path` + `kv_connector` in the transfer config);
 it runs inside the engine's worker and scheduler processes.
 """
@@ -21,6 +25,8 @@ from typing import Any
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 
 from lmi_server.kvcache import block_copy
+from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob
+from lmi_server.kvcache.blend.settings import BlendConfig
 
 logger = logging.getLogger("lmi_server.kvcache.connector")
 
@@ -35,6 +41,90 @@ class GuardedLMCacheMPConnector(LMCacheMPConnector):
         adapter = getattr(self, "worker_adapter", None)
         if adapter is not None:
             guard_stores(adapter)
+        self._blend_scheduler = self._blend_worker = None
+        vllm_config = args[0] if args else kwargs.get("vllm_config")
+        transfer = getattr(vllm_config, "kv_transfer_config", None)
+        config = BlendConfig.from_extra_config(getattr(transfer, "kv_connector_extra_config", None))
+        if config is None:
+            return
+        if getattr(self, "scheduler_adapter", None) is not None:
+            from lmi_server.kvcache.blend.scheduling import BlendScheduler
+
+            self._blend_scheduler = BlendScheduler.from_vllm_config(config, vllm_config)
+        if adapter is not None:
+            from lmi_server.kvcache.blend.worker import BlendWorker
+
+            hf_config = vllm_config.model_config.hf_config
+            self._blend_worker = BlendWorker(config, hf_config.to_dict(), vllm_config.model_config.architecture)
+        _log_to_stderr(logging.getLogger("lmi_server.kvcache.blend"))
+        logging.getLogger("lmi_server.kvcache.blend").info("KV blending on: segments at %r, recompute ratio %g", config.separator, config.recompute_ratio)
+
+    # --- scheduler side -------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        matched, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        blender = self._blend_scheduler
+        if blender is None or matched is None or num_computed_tokens:
+            return matched, is_async
+        external = blender.decide(request, prefix_hit_tokens=matched)
+        if external is None:
+            return matched, is_async
+        self._drop_prefix_hit(request)
+        return external, False
+
+    def _drop_prefix_hit(self, request: Any) -> None:
+        """A blended request loads nothing through LMCache's prefix path and stores nothing there
+        (its KV past the check layer is blended, not a prefix's): free the lookup's locks."""
+        tracker = self.request_trackers.get(request.request_id)
+        if tracker is None:
+            return
+        if tracker.num_lmcache_hit_tokens:
+            self.scheduler_adapter.free_lookup_locks(
+                token_ids=tracker.get_token_ids(), start=0, end=tracker.num_lmcache_hit_tokens,
+                request_id=request.request_id, cache_salt=tracker.cache_salt, request_configs=tracker.request_configs,
+            )
+        tracker.num_lmcache_hit_tokens = 0
+        tracker.max_offload_tokens = 0
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if self._blend_scheduler is not None:
+            block_ids = blocks.get_block_ids() or ((),)
+            self._blend_scheduler.on_alloc(request.request_id, block_ids[0])
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        metadata = super().build_connector_meta(scheduler_output)
+        if self._blend_scheduler is not None:
+            metadata.lmi_blend_jobs = self._blend_scheduler.jobs(scheduler_output)
+        return metadata
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if self._blend_scheduler is not None:
+            self._blend_scheduler.finished(request.request_id)
+        return super().request_finished(request, block_ids)
+
+    # --- worker side ----------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        super().register_kv_caches(kv_caches)
+        if self._blend_worker is not None:
+            from vllm.config import get_layers_from_vllm_config
+            from vllm.model_executor.layers.attention import Attention
+
+            layers = get_layers_from_vllm_config(self._vllm_config, Attention, list(kv_caches))
+            self._blend_worker.register(kv_caches, layers)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        super().start_load_kv(forward_context, **kwargs)
+        jobs = getattr(self._get_connector_metadata(), "lmi_blend_jobs", None)
+        if self._blend_worker is not None and jobs:
+            self._blend_worker.run([job for job in jobs if isinstance(job, BlendJob)])
+
+    def wait_for_save(self) -> None:
+        super().wait_for_save()
+        jobs = getattr(self._get_connector_metadata(), "lmi_blend_jobs", None)
+        if self._blend_worker is not None and jobs:
+            self._blend_worker.run([job for job in jobs if isinstance(job, StoreJob)])
 
 
 def guard_stores(adapter: Any) -> None:
@@ -53,3 +143,13 @@ def guard_stores(adapter: Any) -> None:
             logger.warning("LMCache store for request %s dropped: %s", request_id, exc)
 
     adapter.submit_store_request = submit_store_request
+
+
+def _log_to_stderr(log: logging.Logger) -> None:
+    """The engine's processes configure vLLM's loggers only: give the blend log a handler of its own."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False

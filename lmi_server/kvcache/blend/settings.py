@@ -16,12 +16,31 @@ from lmi_server.config.options import LMCacheOptions
 from lmi_server.kvcache.lmcache_file import LMCacheFileConfig
 from lmi_server.kvcache.plan import KVCacheConfigError
 
-ENGINE_INTEGRATION_MISSING = (
-    "option.lmcache_blend=true (CacheBlend) cannot serve yet: this version has the segment keys, the RoPE "
-    "re-rotation and the recompute selection, but not the engine integration that loads segment hits into "
-    "the engine's KV blocks and recomputes the selected tokens inside vLLM's forward pass. `lmi-server config` "
-    "shows the plan it would use; remove option.lmcache_blend (and enable_blending from the LMCache file) to serve"
-)
+EXTRA_CONFIG_KEY = "lmi.blend"
+"""The key of `kv_connector_extra_config` that carries `BlendConfig` to the engine's processes."""
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """What the engine's processes need to blend (resolved once by the server, passed in the
+    connector's extra config)."""
+
+    separator: str
+    recompute_ratio: float
+    check_layer: int
+    chunk_size: int
+    min_reused_tokens: int
+    store_dir: str
+    store_max_bytes: int
+    model_identity: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> BlendConfig | None:
+        raw = (extra or {}).get(EXTRA_CONFIG_KEY)
+        return cls(**raw) if raw else None
 
 
 @dataclass(frozen=True)
@@ -69,9 +88,3 @@ def resolve_blend_settings(options: LMCacheOptions, file_config: LMCacheFileConf
         else:
             values[setting], sources[setting] = option_value, "default"
     return BlendSettings(**values, sources=sources)
-
-
-def require_engine_integration(settings: BlendSettings) -> None:
-    """Serving with blending on is refused until the engine integration exists (not a silent no-op)."""
-    if settings.enabled:
-        raise KVCacheConfigError(ENGINE_INTEGRATION_MISSING)

@@ -1,5 +1,5 @@
 """Blend settings from the option keys and the LMCache file, the plan `lmi-server config` shows,
-and `serve` refusing blending until the engine integration exists."""
+what it hands the engine's connector, and the combinations it refuses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from lmi_server import cli
 from lmi_server.config.options import LMCacheOptions
 from lmi_server.config.schema import ConfigError, build_serving_config
-from lmi_server.kvcache.blend.settings import require_engine_integration, resolve_blend_settings
+from lmi_server.kvcache.blend.settings import EXTRA_CONFIG_KEY, BlendConfig, resolve_blend_settings
 from lmi_server.kvcache.lmcache_file import parse_lmcache_config
 from lmi_server.kvcache.plan import KVCacheConfigError
 from lmi_server.runtime import resolve_runtime
@@ -34,7 +34,6 @@ def test_off_by_default_with_lmcaches_defaults():
     s = resolve_blend_settings(LMCacheOptions())
     assert (s.enabled, s.separator, s.recompute_ratio) == (False, " # # ", 0.15)
     assert set(s.sources.values()) == {"default"}
-    require_engine_integration(s)  # off: nothing to refuse
 
 
 def test_option_keys_and_file_keys_both_switch_it_on():
@@ -79,10 +78,18 @@ def test_config_shows_the_blend_plan(tmp_path):
     assert blend["enabled"] and blend["separator"] == " # # " and blend["recompute_ratio"] == 0.15
     assert blend["chunk_size"] == 256 and blend["check_layer"] == 1
     assert any("LlamaForCausalLM" in r for r in blend["reasons"])
-    assert "cannot serve yet" in blend["serve"]
+    assert blend["min_reused_tokens"] == 256 and blend["store_max_bytes"] == 2 * 2**30
+    # the engine's connector gets the same settings, and vLLM's own prefix caching is off
+    extra = runtime.engine_args["kv_transfer_config"]["kv_connector_extra_config"]
+    config = BlendConfig.from_extra_config(extra)
+    assert (config.separator, config.recompute_ratio, config.chunk_size) == (" # # ", 0.15, 256)
+    assert config.store_dir == blend["store_dir"] and config.model_identity.startswith(str(tmp_path))
+    assert runtime.engine_args["enable_prefix_caching"] is False
     json.dumps(runtime.describe(), default=str)
     off = resolve_runtime(build_serving_config({"option.lmcache_config_file": "lmcache.yaml"}, tmp_path), build_demo=False)
     assert off.describe()["lmcache_blend"] is None
+    assert EXTRA_CONFIG_KEY not in off.engine_args["kv_transfer_config"]["kv_connector_extra_config"]
+    assert "enable_prefix_caching" not in off.engine_args
 
 
 def test_the_file_alone_switches_the_plan_on(tmp_path):
@@ -107,21 +114,17 @@ def test_what_blending_cannot_handle_is_a_config_error(tmp_path, config, props, 
         resolve_runtime(cfg, build_demo=False)
 
 
-@pytest.mark.parametrize("way", ["option", "file"])
-def test_serve_refuses_blending_before_starting_anything(tmp_path, monkeypatch, capsys, way):
-    yaml = LMCACHE_YAML + ("enable_blending: true\n" if way == "file" else "")
-    d = model_dir(tmp_path, lmcache_yaml=yaml)
-    lines = ["option.lmcache_config_file=lmcache.yaml"] + (["option.lmcache_blend=true"] if way == "option" else [])
-    (d / "serving.properties").write_text("\n".join(lines) + "\n")
-
-    def must_not_run(*args, **kwargs):
-        raise AssertionError("serve went on past the blend check")
-
-    monkeypatch.setattr("lmi_server.runtime.resolve_runtime", must_not_run)
-    assert cli.main(["serve", "--model-dir", str(d)]) == 2
-    err = capsys.readouterr().err
-    assert "option.lmcache_blend=true (CacheBlend) cannot serve yet" in err
-    assert "engine integration" in err and "lmi-server config" in err
+@pytest.mark.parametrize(
+    "props,words",
+    [({"option.enable_prefix_caching": "true"}, "prefix caching"),
+     ({"option.speculative_config": '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'},
+      "speculative decoding")],
+)
+def test_blending_refuses_what_it_cannot_serve_beside(tmp_path, props, words):
+    props = {"option.lmcache_config_file": "lmcache.yaml", "option.lmcache_blend": "true",
+             "option.max_model_len": "1024", **props}
+    with pytest.raises(ConfigError, match=words):
+        resolve_runtime(build_serving_config(props, model_dir(tmp_path)), build_demo=False)
 
 
 def test_a_quoted_separator_keeps_its_spaces_through_serving_properties(tmp_path):

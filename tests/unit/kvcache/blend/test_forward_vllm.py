@@ -62,3 +62,60 @@ def test_ratio_one_through_vllms_modules_is_a_full_prefill(models):
     assert_same(forward.blend_prefill(adapter, ids, reused_kv, mask, ratio=1.0), *hf_reference(hf, ids))
     r0 = forward.blend_prefill(adapter, ids, reused_kv, mask, ratio=0.0)
     assert r0.selected.tolist() == (~mask).nonzero().flatten().tolist()
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.0])
+def test_the_worker_blends_into_a_paged_cache_what_it_stored_from_one(models, tmp_path, ratio):
+    """The engine path minus the engine: a prefill's KV in vLLM's CPU paged layout is stored per
+    segment (`store_from_blocks`), then the same documents in another order are blended into other
+    blocks (`blend`). Ratio 1 writes a full prefill's KV; ratio 0 keeps the cached rows (layer 0
+    exact, as its KV depends on token and position alone) and recomputes the rest."""
+    from lmi_server.kvcache.blend import paged
+    from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob
+    from lmi_server.kvcache.blend.segments import key_salt, split_at_separator
+    from lmi_server.kvcache.blend.settings import BlendConfig
+    from lmi_server.kvcache.blend.store import BlendCounters
+    from lmi_server.kvcache.blend.worker import BlendWorker
+
+    from .test_forward import SEP
+
+    hf, model = models
+    block, n_blocks = 16, 24
+    config = BlendConfig(separator=" # # ", recompute_ratio=ratio, check_layer=1, chunk_size=8, min_reused_tokens=8,
+                         store_dir=str(tmp_path / "store"), store_max_bytes=10**9, model_identity="tiny")
+    worker = BlendWorker(config, hf.config.to_dict(), "LlamaForCausalLM", model=model)
+    caches = {f"model.layers.{i}.self_attn.attn": torch.zeros(n_blocks, 2, block, 32) for i in range(4)}
+    worker.register(caches, {name: type("Layer", (), {"isa": "vec"})() for name in caches})
+    adapter = worker.adapter()
+    documents, salt = docs(21), key_salt("tiny")
+
+    first = prompt_of(documents, [9, 8, 7])
+    table1 = [3, 0, 7, 5, 1, 9, 2, 4]
+    slots = paged.slot_mapping(table1, 0, len(first), block)
+    with torch.no_grad():
+        for layer, (k, v) in zip(worker.layers, forward.prefill(adapter, first).kv):
+            paged.scatter(layer, slots, k, v)  # what vLLM's own prefill leaves in the blocks
+    segments = split_at_separator(first, SEP)[:-1]
+    worker.run([StoreJob("r1", first, table1, [(s.start, len(s), 0) for s in segments], salt)])
+    assert all(worker.store.cached_tokens(list(s.token_ids), salt) == len(s) for s in segments)
+
+    second = prompt_of([documents[i] for i in (2, 0, 1)], [6, 5, 4])
+    cached = [(s.start, len(s), len(s)) for s in split_at_separator(second, SEP)[:-1]] + [(len(second) - 3, 3, 0)]
+    table2 = [10, 14, 11, 20, 12, 13, 8, 6]
+    worker.run([BlendJob("r2", second, table2, cached, salt)])
+    n = len(second)
+    written = [paged.gather(layer, paged.slot_mapping(table2, 0, n - 1, block)) for layer in worker.layers]
+    with torch.no_grad():
+        full = forward.prefill(adapter, second).kv
+    torch.testing.assert_close(written[0][0], full[0][0][: n - 1], atol=1e-4, rtol=1e-4)
+    reused = sum(length for _, length, c in cached if c)
+    counters = BlendCounters.read(config.store_dir)
+    assert counters["blended_requests"] == 1 and counters["missed_loads"] == 0
+    if ratio == 1.0:
+        for (k, v), (fk, fv) in zip(written, full):
+            torch.testing.assert_close(k, fk[: n - 1], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v, fv[: n - 1], atol=1e-4, rtol=1e-4)
+        assert counters["recomputed_tokens"] == reused and counters["reused_tokens"] == 0
+    else:
+        assert counters["reused_tokens"] == reused and counters["recomputed_tokens"] == 0
+        assert not torch.allclose(written[-1][0], full[-1][0][: n - 1], atol=1e-4)  # the blend differs past layer 0

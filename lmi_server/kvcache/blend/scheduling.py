@@ -1,0 +1,182 @@
+"""The scheduler's half of blending: which prompts to blend, what the worker does for each, and
+what vLLM is told.
+
+For every new request the connector asks `decide`: the prompt is cut at the separator and each
+segment looked up in the segment store (`store.py`). Where the cached segments cover at least
+`min_reused_tokens` more than LMCache's prefix hit, the request is *blended*: the connector
+reports every prompt token but the last as loaded synchronously, vLLM allocates blocks for the
+whole prompt and schedules the last token, and the worker, before that step's forward, fills the
+blocks with the blended KV (`worker.py`). A prompt with segments but too little of them cached
+is served as usual and its segments are *stored* from the paged KV once its prefill is done, so
+the next prompt that holds them (in any order) reuses them.
+
+Jobs travel to the worker in the step's connector metadata (`attach`); they are plain data.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmi_server.kvcache.blend.plan import BlendPlan, SegmentReuse, plan_prompt
+from lmi_server.kvcache.blend.segments import Separator, key_salt
+from lmi_server.kvcache.blend.settings import BlendConfig
+from lmi_server.kvcache.blend.store import SegmentStore
+
+logger = logging.getLogger("lmi_server.kvcache.blend")
+
+@dataclass
+class BlendJob:
+    """Blend this request's prompt into its blocks before this step's forward."""
+
+    request_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    segments: list[tuple[int, int, int]]
+    """(start, length, cached tokens) of each segment."""
+    salt: bytes
+
+
+@dataclass
+class StoreJob:
+    """After this step's forward (which completes the prefill), store these segments' KV."""
+
+    request_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    segments: list[tuple[int, int, int]]
+    """(start, length, tokens already stored) of each segment to store."""
+    salt: bytes
+
+
+@dataclass
+class _Tracked:
+    request: Any
+    plan: BlendPlan
+    blend: bool
+    block_ids: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+class BlendScheduler:
+    """Per-request blend decisions and the jobs they turn into, in the engine's scheduler process."""
+
+    def __init__(self, config: BlendConfig, separator: Separator) -> None:
+        self.config = config
+        self.separator = separator
+        self.store = open_store(config)
+        self._tracked: dict[str, _Tracked] = {}
+
+    @classmethod
+    def from_vllm_config(cls, config: BlendConfig, vllm_config: Any) -> BlendScheduler:
+        """Tokenize the separator with the served model's tokenizer (once, here)."""
+        from transformers import AutoTokenizer
+
+        model_config = vllm_config.model_config
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_config.tokenizer, revision=model_config.tokenizer_revision,
+            trust_remote_code=model_config.trust_remote_code,
+        )
+        return cls(config, Separator.from_tokenizer(tokenizer, config.separator))
+
+    def salt(self, request: Any) -> bytes:
+        return key_salt(self.config.model_identity, getattr(request, "cache_salt", None))
+
+    def decide(self, request: Any, prefix_hit_tokens: int) -> int | None:
+        """Tokens to report as loaded (every prompt token but the last) when this request is blended;
+        None when it is served as usual (its segments then stored after its prefill, if any is new)."""
+        request_id = request.request_id
+        self._tracked.pop(request_id, None)
+        if getattr(request, "lora_request", None) is not None:
+            return None  # LoRA layers need the engine's batch metadata; the blend forward has none
+        prompt = list(request.prompt_token_ids or ())
+        if len(prompt) != request.num_tokens:
+            return None  # resumed with output tokens: the plain path
+        salt = self.salt(request)
+        plan = plan_prompt(
+            prompt, self.separator, lambda ids: self.store.cached_tokens(ids, salt),
+            recompute_ratio=self.config.recompute_ratio, chunk_size=self.config.chunk_size, min_reused_tokens=0,
+        )
+        if not isinstance(plan, BlendPlan):
+            return None
+        blend = plan.reused_tokens >= max(self.config.min_reused_tokens, prefix_hit_tokens + 1)
+        if blend or plan.to_store(self.config.chunk_size):
+            self._tracked[request_id] = _Tracked(request, plan, blend)
+        if blend:
+            logger.debug("blending request %s: %s", request_id, plan.to_dict())
+            return plan.external_tokens
+        return None
+
+    def is_blended(self, request_id: str) -> bool:
+        tracked = self._tracked.get(request_id)
+        return tracked is not None and tracked.blend
+
+    def on_alloc(self, request_id: str, block_ids: Sequence[int]) -> None:
+        tracked = self._tracked.get(request_id)
+        if tracked is not None:
+            tracked.block_ids = list(block_ids)
+
+    def jobs(self, scheduler_output: Any) -> list[BlendJob | StoreJob]:
+        """This step's jobs: blends of newly scheduled blended requests, stores of requests whose
+        prefill completes in this step."""
+        if not self._tracked:
+            return []
+        jobs: list[BlendJob | StoreJob] = []
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            tracked = self._tracked.get(new.req_id)
+            if tracked is not None:
+                tracked.block_ids = list(new.block_ids[0])
+                jobs.extend(self._job(new.req_id, tracked, new.num_computed_tokens + scheduled.get(new.req_id, 0)))
+        cached = scheduler_output.scheduled_cached_reqs
+        for idx, request_id in enumerate(cached.req_ids):
+            tracked = self._tracked.get(request_id)
+            if tracked is None:
+                continue
+            new_blocks = cached.new_block_ids[idx]
+            if new_blocks and request_id not in cached.resumed_req_ids:
+                tracked.block_ids.extend(new_blocks[0])
+            jobs.extend(self._job(request_id, tracked, cached.num_computed_tokens[idx] + scheduled.get(request_id, 0)))
+        return jobs
+
+    def _job(self, request_id: str, tracked: _Tracked, computed_after_step: int) -> list[BlendJob | StoreJob]:
+        if tracked.done:
+            return []
+        plan, request = tracked.plan, tracked.request
+        if tracked.blend:
+            tracked.done = True
+            _report_cached_tokens(request, plan)
+            return [BlendJob(request_id, list(request.prompt_token_ids), list(tracked.block_ids),
+                             [_triple(s) for s in plan.segments], self.salt(request))]
+        if computed_after_step < plan.prompt_len:
+            return []
+        tracked.done = True
+        to_store = plan.to_store(self.config.chunk_size)
+        return [StoreJob(request_id, list(request.prompt_token_ids), list(tracked.block_ids),
+                         [_triple(s) for s in to_store], self.salt(request))]
+
+    def finished(self, request_id: str) -> None:
+        self._tracked.pop(request_id, None)
+
+
+def open_store(config: BlendConfig) -> SegmentStore:
+    return SegmentStore(config.store_dir, chunk_size=config.chunk_size, max_bytes=config.store_max_bytes)
+
+
+def _triple(seg: SegmentReuse) -> tuple[int, int, int]:
+    return (seg.start, seg.length, seg.cached)
+
+
+def _report_cached_tokens(request: Any, plan: BlendPlan) -> None:
+    """The usage a client sees (`prompt_tokens_details.cached_tokens`) counts the tokens whose KV
+    was reused and kept, not the `prompt_len - 1` the connector reported as loaded."""
+    stats = getattr(request, "prefill_stats", None)
+    if stats is None:
+        return
+    kept = max(0, plan.reused_tokens - plan.recomputed_tokens)
+    stats.num_cached_tokens = kept
+    stats.num_external_cached_tokens = kept
+    stats.num_local_cached_tokens = 0
+    stats.num_computed_tokens = stats.num_prompt_tokens - kept

@@ -1,0 +1,108 @@
+"""The scheduler's blend decisions over a real segment store, with vLLM's request and scheduler
+output stood in by plain objects: a prompt whose segments are new is served as usual and stored
+once its prefill is done (not before); the same documents in another order are then blended (every
+prompt token but the last reported as loaded, one job with the request's blocks); what blending
+cannot serve or would not pay for stays on the usual path."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lmi_server.kvcache.blend.scheduling import BlendJob, BlendScheduler, StoreJob
+from lmi_server.kvcache.blend.segments import Separator
+from lmi_server.kvcache.blend.settings import BlendConfig
+
+pytestmark = pytest.mark.unit
+
+SEP, CHUNK = (7, 7), 4
+DOCS = [[10, 11, 12, 13, 14, 15, 16, 17, 18], [20, 21, 22, 23, 24, 25, 26, 27], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
+QUERY = [50, 51]
+
+
+def prompt(order):
+    ids = []
+    for i in order:
+        ids += list(SEP) + DOCS[i]
+    return ids + list(SEP) + QUERY
+
+
+def scheduler(tmp_path, min_reused=8):
+    config = BlendConfig(separator=" # # ", recompute_ratio=0.25, check_layer=1, chunk_size=CHUNK,
+                         min_reused_tokens=min_reused, store_dir=str(tmp_path / "store"), store_max_bytes=10**9,
+                         model_identity="tiny")
+    return BlendScheduler(config, Separator(SEP))
+
+
+def request(rid, ids, lora=None, salt=None):
+    stats = SimpleNamespace(num_prompt_tokens=len(ids), num_cached_tokens=0, num_external_cached_tokens=0,
+                            num_local_cached_tokens=0, num_computed_tokens=len(ids))
+    return SimpleNamespace(request_id=rid, prompt_token_ids=ids, num_tokens=len(ids), lora_request=lora,
+                           cache_salt=salt, prefill_stats=stats)
+
+
+def new_step(rid, blocks, computed, scheduled):
+    return SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=rid, block_ids=(blocks,), num_computed_tokens=computed)],
+        num_scheduled_tokens={rid: scheduled},
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[], num_computed_tokens=[], resumed_req_ids=set()),
+    )
+
+
+def cached_step(rid, new_blocks, computed, scheduled):
+    return SimpleNamespace(
+        scheduled_new_reqs=[], num_scheduled_tokens={rid: scheduled},
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[rid], new_block_ids=[(new_blocks,)], num_computed_tokens=[computed],
+                                              resumed_req_ids=set()),
+    )
+
+
+def store_job_kv(sched, job):
+    """What the worker would store: per-segment KV (contents do not matter to the scheduler)."""
+    for start, length, skip in job.segments:
+        kv = [(torch.zeros(length, 1, 2), torch.zeros(length, 1, 2))]
+        sched.store.save(job.token_ids[start : start + length], job.salt, kv, skip_tokens=skip)
+
+
+def test_new_segments_are_stored_after_the_prefill_then_reused_in_any_order(tmp_path):
+    sched = scheduler(tmp_path)
+    first = request("r1", prompt([0, 1, 2]))
+    n = len(first.prompt_token_ids)
+    assert sched.decide(first, prefix_hit_tokens=0) is None
+    sched.on_alloc("r1", [3, 4])
+    # chunked prefill: no store while the prompt is not computed in full
+    assert sched.jobs(new_step("r1", [3, 4], 0, 16)) == []
+    jobs = sched.jobs(cached_step("r1", [9, 8], 16, n - 16))
+    assert len(jobs) == 1 and isinstance(jobs[0], StoreJob)
+    assert jobs[0].block_ids == [3, 4, 9, 8]
+    assert [(s, l) for s, l, _ in jobs[0].segments] == [(2, 9), (13, 8), (23, 10)]  # the query is too short
+    assert sched.jobs(cached_step("r1", [], n, 1)) == []  # once
+    store_job_kv(sched, jobs[0])
+    sched.finished("r1")
+
+    second = request("r2", prompt([2, 0, 1]))
+    n = len(second.prompt_token_ids)
+    assert sched.decide(second, prefix_hit_tokens=0) == n - 1
+    assert sched.is_blended("r2")
+    (job,) = sched.jobs(new_step("r2", [5, 6, 7, 1], n - 1, 1))
+    assert isinstance(job, BlendJob) and job.block_ids == [5, 6, 7, 1] and job.token_ids == second.prompt_token_ids
+    assert [c for _, _, c in job.segments] == [10, 9, 8, 0]
+    # usage reports what was reused and kept: 27 reused, a quarter of them (7) recomputed
+    assert second.prefill_stats.num_cached_tokens == 27 - 7 and second.prefill_stats.num_computed_tokens == n - 20
+    assert sched.jobs(cached_step("r2", [], n, 1)) == []
+
+
+def test_what_stays_on_the_usual_path(tmp_path):
+    sched = scheduler(tmp_path)
+    warm = request("w", prompt([0, 1, 2]))
+    sched.decide(warm, 0)
+    (job,) = sched.jobs(new_step("w", [1, 2, 3], 0, len(warm.prompt_token_ids)))
+    store_job_kv(sched, job)
+    ids = prompt([1, 2, 0])
+    assert sched.decide(request("lora", ids, lora=object()), 0) is None
+    assert sched.decide(request("salted", ids, salt="other-tenant"), 0) is None
+    assert sched.decide(request("prefix", ids), prefix_hit_tokens=len(ids)) is None  # LMCache's prefix covers more
+    assert sched.decide(request("one", DOCS[0] + QUERY), 0) is None  # no separator: nothing to blend
+    assert not sched.jobs(new_step("one", [1], 0, 11))
+    assert scheduler(tmp_path, min_reused=100).decide(request("few", ids), 0) is None
+    assert sched.decide(request("ok", ids), 0) == len(ids) - 1

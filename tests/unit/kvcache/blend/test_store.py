@@ -1,0 +1,89 @@
+"""The segment store: a segment's chunks round-trip, are found wherever the segment stood (keys of
+its own tokens and the salt only), a missing chunk ends the hit, and the store stays under its size
+by dropping what was used longest ago."""
+
+import os
+import time
+
+import pytest
+import torch
+
+from lmi_server.kvcache.blend.segments import key_salt
+from lmi_server.kvcache.blend.store import BlendCounters, SegmentStore
+
+pytestmark = pytest.mark.unit
+
+LAYERS, HEADS, DIM, CHUNK = 3, 2, 8, 4
+SALT = key_salt("model-a")
+
+
+def seg_kv(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, HEADS, DIM, generator=g), torch.randn(n, HEADS, DIM, generator=g)) for _ in range(LAYERS)]
+
+
+def store(tmp_path, max_bytes=10**9):
+    return SegmentStore(tmp_path / "segments", chunk_size=CHUNK, max_bytes=max_bytes)
+
+
+def test_a_segment_round_trips_whole_and_by_its_head(tmp_path):
+    s = store(tmp_path)
+    tokens, kv = list(range(10, 20)), seg_kv(10)
+    assert s.cached_tokens(tokens, SALT) == 0 and s.load(tokens, SALT, 10) is None
+    assert s.save(tokens, SALT, kv) > 0
+    assert s.cached_tokens(tokens, SALT) == 10  # two whole chunks and the 2-token tail
+    for got, want in zip(s.load(tokens, SALT, 10), kv):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    head = s.load(tokens, SALT, 8)
+    assert head[0][0].shape == (8, HEADS, DIM) and torch.equal(head[2][1], kv[2][1][:8])
+    # a longer segment with the same first 8 tokens shares its first two chunks, not the third
+    longer = tokens[:8] + [99, 98, 97, 96]
+    assert s.cached_tokens(longer, SALT) == 8
+
+
+def test_keys_depend_on_the_salt_and_the_tokens_only(tmp_path):
+    s = store(tmp_path)
+    tokens = [5, 6, 7, 8, 9]
+    s.save(tokens, SALT, seg_kv(5))
+    assert s.cached_tokens(tokens, key_salt("model-a")) == 5
+    assert s.cached_tokens(tokens, key_salt("model-a", "tenant-b")) == 0
+    assert s.cached_tokens(tokens, key_salt("model-b")) == 0
+    assert s.cached_tokens([6, 5, 7, 8, 9], SALT) == 0
+
+
+def test_a_missing_chunk_ends_the_hit_and_a_gone_chunk_is_a_miss_on_load(tmp_path):
+    s = store(tmp_path)
+    tokens = list(range(12))
+    s.save(tokens, SALT, seg_kv(12))
+    keys = s.keys(tokens, SALT)
+    os.unlink(s._path(keys[1]))
+    assert s.cached_tokens(tokens, SALT) == 4
+    assert s.load(tokens, SALT, 12) is None
+    # saving again fills only what is missing (from a chunk boundary)
+    s.save(tokens, SALT, seg_kv(12), skip_tokens=4)
+    assert s.cached_tokens(tokens, SALT) == 12
+
+
+def test_the_store_drops_what_was_used_longest_ago(tmp_path):
+    probe = store(tmp_path / "probe")
+    one_chunk = probe.save([1, 2, 3, 4], SALT, seg_kv(4))
+    s = store(tmp_path, max_bytes=int(2.5 * one_chunk))
+    a, b, c = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+    s.save(a, SALT, seg_kv(4))
+    time.sleep(0.02)
+    s.save(b, SALT, seg_kv(4))
+    time.sleep(0.02)
+    assert s.load(a, SALT, 4) is not None  # a read makes `a` the most recently used
+    time.sleep(0.02)
+    s.save(c, SALT, seg_kv(4))
+    assert [s.cached_tokens(t, SALT) for t in (a, b, c)] == [4, 0, 4]
+    assert s.size_bytes() <= s.max_bytes
+
+
+def test_counters_add_up_across_writers(tmp_path):
+    first = BlendCounters(tmp_path)
+    first.add(blended_requests=1, reused_tokens=100, blend_seconds=0.5)
+    first.add(reused_tokens=20)
+    values = BlendCounters.read(tmp_path)
+    assert values["blended_requests"] == 1 and values["reused_tokens"] == 120 and values["blend_seconds"] == 0.5
+    assert BlendCounters.read(tmp_path / "nothing")["reused_tokens"] == 0
