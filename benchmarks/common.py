@@ -67,6 +67,7 @@ class RequestResult:
     error: str = ""
     prompt_tokens: int = 0
     chunks: int = 0  # stream chunks that carried text
+    text: str = ""
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None) -> RequestResult:
@@ -79,6 +80,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, hea
     cached = 0
     prompt_tokens = 0
     chunks = 0
+    pieces: list[str] = []
     try:
         async with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers=headers) as r:
             if r.status_code != 200:
@@ -94,6 +96,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, hea
                 for choice in chunk.get("choices", []):
                     piece = choice.get("text") or (choice.get("delta") or {}).get("content")
                     if piece:
+                        pieces.append(piece)
                         chunks += 1
                         now = time.perf_counter()
                         if first is None:
@@ -106,7 +109,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, hea
     end = time.perf_counter()
     return RequestResult(
         True, ttft_s=(first or end) - t0, latency_s=end - t0, output_tokens=tokens, itl_s=gaps, cached_tokens=cached,
-        prompt_tokens=prompt_tokens, chunks=chunks,
+        prompt_tokens=prompt_tokens, chunks=chunks, text="".join(pieces),
     )
 
 

@@ -12,6 +12,7 @@ from lmi_server.api.generation import admit, as_response, call_serving, engine_s
 from lmi_server.api.lmi_formatters import apply_payload_formatter
 from lmi_server.api.admission import BadPriority
 from lmi_server.api.tenants import body_priority
+from lmi_server.kvcache.blend.settings import request_ratio
 
 router = APIRouter()
 
@@ -24,6 +25,10 @@ def parse_request(model_cls, body):
             body_priority(body["priority"])
         except BadPriority as exc:
             raise APIError(400, str(exc)) from None
+    try:
+        request_ratio(body.get("kv_transfer_params"), 0.0)
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
     try:
         return model_cls.model_validate(body)
     except ValidationError as exc:

@@ -22,7 +22,7 @@ from typing import Any
 
 from lmi_server.kvcache.blend.plan import BlendPlan, SegmentReuse, plan_prompt
 from lmi_server.kvcache.blend.segments import Separator, key_salt
-from lmi_server.kvcache.blend.settings import BlendConfig
+from lmi_server.kvcache.blend.settings import BlendConfig, request_ratio
 from lmi_server.kvcache.blend.store import SegmentStore
 
 logger = logging.getLogger("lmi_server.kvcache.blend")
@@ -37,6 +37,7 @@ class BlendJob:
     segments: list[tuple[int, int, int]]
     """(start, length, cached tokens) of each segment."""
     salt: bytes
+    recompute_ratio: float
 
 
 @dataclass
@@ -95,9 +96,13 @@ class BlendScheduler:
         if len(prompt) != request.num_tokens:
             return None  # resumed with output tokens: the plain path
         salt = self.salt(request)
+        try:
+            ratio = request_ratio(getattr(request, "kv_transfer_params", None), self.config.recompute_ratio)
+        except ValueError:
+            return None  # the API refuses it with a 400; a request from elsewhere is served as usual
         plan = plan_prompt(
             prompt, self.separator, lambda ids: self.store.cached_tokens(ids, salt),
-            recompute_ratio=self.config.recompute_ratio, chunk_size=self.config.chunk_size, min_reused_tokens=0,
+            recompute_ratio=ratio, chunk_size=self.config.chunk_size, min_reused_tokens=0,
         )
         if not isinstance(plan, BlendPlan):
             return None
@@ -149,7 +154,7 @@ class BlendScheduler:
             tracked.done = True
             _report_cached_tokens(request, plan)
             return [BlendJob(request_id, list(request.prompt_token_ids), list(tracked.block_ids),
-                             [_triple(s) for s in plan.segments], self.salt(request))]
+                             [_triple(s) for s in plan.segments], self.salt(request), plan.recompute_ratio)]
         if computed_after_step < plan.prompt_len:
             return []
         tracked.done = True

@@ -20,6 +20,21 @@ EXTRA_CONFIG_KEY = "lmi.blend"
 """The key of `kv_connector_extra_config` that carries `BlendConfig` to the engine's processes."""
 
 
+RATIO_PARAM = "lmi_blend_recompute_ratio"
+"""A request's own recompute ratio, in its `kv_transfer_params` (vLLM's per-request connector field)."""
+
+
+def request_ratio(kv_transfer_params: Any, default: float) -> float:
+    """The recompute ratio one request asks for (`kv_transfer_params.lmi_blend_recompute_ratio`), else
+    the server's; ValueError naming the field where it is not a number in [0, 1]."""
+    if not isinstance(kv_transfer_params, dict) or kv_transfer_params.get(RATIO_PARAM) is None:
+        return default
+    value = kv_transfer_params[RATIO_PARAM]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"kv_transfer_params.{RATIO_PARAM}: {str(value)[:40]!r} is not a number in [0, 1]")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class BlendConfig:
     """What the engine's processes need to blend (resolved once by the server, passed in the

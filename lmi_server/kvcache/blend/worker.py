@@ -143,7 +143,7 @@ class BlendWorker:
         )
         clock.lap("place")
         result = forward.blend_prefill(adapter, job.token_ids, reused_kv, reused,
-                                       ratio=self.config.recompute_ratio, check_layer=self.config.check_layer)
+                                       ratio=job.recompute_ratio, check_layer=self.config.check_layer)
         clock.lap("forward")
         slots = paged.slot_mapping(job.block_ids, 0, n - 1, self.block_size)
         for layer, (k, v) in zip(self.layers, result.kv):

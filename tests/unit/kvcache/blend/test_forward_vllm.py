@@ -102,7 +102,7 @@ def test_the_worker_blends_into_a_paged_cache_what_it_stored_from_one(models, tm
     second = prompt_of([documents[i] for i in (2, 0, 1)], [6, 5, 4])
     cached = [(s.start, len(s), len(s)) for s in split_at_separator(second, SEP)[:-1]] + [(len(second) - 3, 3, 0)]
     table2 = [10, 14, 11, 20, 12, 13, 8, 6]
-    worker.run([BlendJob("r2", second, table2, cached, salt)])
+    worker.run([BlendJob("r2", second, table2, cached, salt, ratio)])
     n = len(second)
     written = [paged.gather(layer, paged.slot_mapping(table2, 0, n - 1, block)) for layer in worker.layers]
     with torch.no_grad():

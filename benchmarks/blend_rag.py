@@ -1,0 +1,295 @@
+"""RAG with reordered documents on the served product: KV blending (CacheBlend) against prefix-only
+reuse, TTFT and answer quality, side by side in one run.
+
+Workload: a system prompt of about 1,000 tokens, then six documents of about 1,000 tokens each, each
+after the blend separator, then the separator and a question; every request holds the same six
+documents in another order (a seeded permutation per question). The documents are built here from
+the assistant's own committed answers (`lmi_server/demo/assistant/corpus/`) with four invented
+facts planted in each (a town's founding year, founder, river, export...), so every question has
+one gold answer found in exactly one document. Before the measured requests each server sees the
+documents once, in their own order (what "documents seen before" means: that request stores them).
+
+Configurations, one server each, one after the other on the built-in assistant (float32), with
+LMCache's auto plan:
+  prefix      blending off: LMCache and vLLM reuse the prefix (the system prompt), the documents
+              are prefilled again on every request. Its answers are the full-prefill reference.
+  blend-R     option.lmcache_blend=true with recompute ratio R (0, 0.05, 0.15, 0.30).
+
+Reported per configuration: TTFT p50/mean over the questions (streaming, first content chunk),
+the prompt tokens the usage reports as cached, answer accuracy (the gold answer appears in the
+answer, case- and punctuation-insensitive) and token F1 against the gold answer, and, for the
+blended ones, how many greedy answers are identical to the reference's.
+
+    python benchmarks/blend_rag.py                       # results/blend_rag.{json,png}
+    python benchmarks/blend_rag.py --questions 6 --ratios 0.15   # a quick look
+    python benchmarks/blend_rag.py --plot-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+
+from benchmarks.common import RESULTS, Server, free_port, machine, save, stream_completion  # noqa: E402
+
+SEPARATOR = " # # "
+CORPUS = Path(__file__).resolve().parents[1] / "lmi_server" / "demo" / "assistant" / "corpus"
+TOWNS = ["Velmora", "Drastin", "Quellholm", "Orvanne", "Tibrask", "Lunetta"]
+FIRST = ["Aldric", "Maren", "Tobias", "Ilse", "Corwin", "Petra", "Anselm", "Rhea", "Dorian", "Selma", "Jorund", "Vesna"]
+LAST = ["Holloway", "Brenner", "Castellan", "Mirov", "Ashdown", "Kettering", "Valdez", "Orlov", "Lindqvist", "Marsh"]
+RIVERS = ["Sable", "Wenning", "Cardle", "Oresund", "Tavish", "Ilmar", "Brooke", "Kessel"]
+EXPORTS = ["copper wire", "blue glass", "salted herring", "wool blankets", "clock springs", "pear brandy",
+           "roof slate", "paper lanterns"]
+FACTS = (
+    ("year", "{town} was founded in the year {year}.", "In what year was {town} founded?"),
+    ("founder", "The founder of {town} was {founder}.", "Who founded {town}?"),
+    ("river", "{town} lies on the banks of the {river} River.", "On which river does {town} lie?"),
+    ("export", "The main export of {town} is {export}.", "What is the main export of {town}?"),
+)
+
+
+def corpus_answers() -> list[str]:
+    rows = []
+    for part in sorted(CORPUS.glob("part-*.jsonl")):
+        rows += [json.loads(line) for line in part.read_text().splitlines() if line.strip()]
+    return [r["answer"].replace("#", "") for r in rows if r.get("finish_reason") == "stop" and len(r["answer"]) > 200]
+
+
+def build_documents(tokenizer, n_docs: int, doc_tokens: int, seed: int) -> tuple[list[str], list[dict]]:
+    """n_docs documents of about doc_tokens tokens of corpus text, each with its town's four facts
+    planted at random places; the questions with their gold answers."""
+    rng = random.Random(seed)
+    answers = corpus_answers()
+    rng.shuffle(answers)
+    docs, questions = [], []
+    for i, town in enumerate(TOWNS[:n_docs]):
+        values = {"town": town, "year": str(rng.randint(1100, 1899)), "river": rng.choice(RIVERS),
+                  "founder": f"{rng.choice(FIRST)} {rng.choice(LAST)}", "export": rng.choice(EXPORTS)}
+        paragraphs = [f"Notes on {town}."]
+        while len(tokenizer.encode("\n\n".join(paragraphs))) < doc_tokens:
+            paragraphs.append(answers.pop())
+        for key, statement, question in FACTS:
+            paragraphs.insert(rng.randint(1, len(paragraphs)), statement.format(**values))
+            questions.append({"doc": i, "fact": key, "question": question.format(**values), "gold": values[key]})
+        docs.append("\n\n".join(paragraphs))
+    return docs, questions
+
+
+def system_prompt(tokenizer, n_tokens: int, seed: int) -> str:
+    rng = random.Random(seed + 1)
+    answers = corpus_answers()
+    rng.shuffle(answers)
+    text = ("You are a careful assistant. The user gives you documents separated by '#' marks and then a "
+            "question. Answer the question with the fact stated in the documents, in a few words. "
+            "Background notes follow; they are not the documents.")
+    while len(tokenizer.encode(text)) < n_tokens:
+        text += "\n\n" + answers.pop()
+    return text
+
+
+def workload(tokenizer, n_docs: int, doc_tokens: int, system_tokens: int, n_requests: int, seed: int) -> dict:
+    """Documents, a system prompt, n_requests questions and a document order for each (never the
+    documents' own order, which the warm-up uses)."""
+    docs, questions = build_documents(tokenizer, n_docs, doc_tokens, seed)
+    rng = random.Random(seed)
+    questions = [questions[i % len(questions)] for i in rng.sample(range(max(n_requests, len(questions))), n_requests)]
+    orders = []
+    for _ in questions:
+        order = list(range(len(docs)))
+        while order == sorted(order):
+            rng.shuffle(order)
+        orders.append(order)
+    return {"system": system_prompt(tokenizer, system_tokens, seed), "docs": docs, "questions": questions, "orders": orders}
+
+
+def messages(system: str, docs: list[str], order: list[int], question: str) -> list[dict]:
+    user = "".join(SEPARATOR + docs[i] for i in order) + SEPARATOR + f"Question: {question} Answer briefly."
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def normalise(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9 ]", " ", text.lower()).split()
+
+
+def contains(answer: str, gold: str) -> bool:
+    a, g = " ".join(normalise(answer)), " ".join(normalise(gold))
+    return f" {g} " in f" {a} "
+
+
+def f1(answer: str, gold: str) -> float:
+    a, g = normalise(answer), normalise(gold)
+    common = sum(min(a.count(t), g.count(t)) for t in set(g))
+    if not a or not g or not common:
+        return 0.0
+    p, r = common / len(a), common / len(g)
+    return 2 * p * r / (p + r)
+
+
+async def ask(url: str, model: str, msgs: list[dict], max_tokens: int) -> tuple[dict, str]:
+    body = {"model": model, "messages": msgs, "max_tokens": max_tokens, "temperature": 0}
+    async with httpx.AsyncClient(timeout=900) as client:
+        timed = await stream_completion(client, url + "/v1/chat/completions", body)
+    if not timed.ok:
+        raise RuntimeError(timed.error)
+    return {"ttft_s": timed.ttft_s, "prompt_tokens": timed.prompt_tokens, "cached_tokens": timed.cached_tokens}, timed.text
+
+
+def blend_counters(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in family.samples:
+            if s.name.startswith("lmi_blend_"):
+                key = s.name + ("_" + s.labels["kind"] if "kind" in s.labels else "")
+                out[key] = s.value
+    return out
+
+
+def run_config(name: str, env_options: dict[str, str], work: Path, phases: dict[str, dict], max_tokens: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
+    env.update({"OPTION_LMCACHE_AUTO_CONFIG": "true", "OPTION_MAX_MODEL_LEN": "8192", **env_options})
+    port = free_port()
+    argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
+            "--host", "127.0.0.1", "--port", str(port)]
+    server = Server(name, argv, port, "/ping", work / f"{name}.log", env=env)
+    server.env = {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    print(f"== {name}", flush=True)
+    with server:
+        model = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        out = {"options": env_options, "phases": {}}
+        for phase, data in phases.items():
+            out["phases"][phase] = run_phase(server.url, model, data, max_tokens)
+        out["blend_metrics"] = blend_counters(server.url)
+    out["start_s"] = server.start_s
+    return out
+
+
+def run_phase(url: str, model: str, data: dict, max_tokens: int) -> dict:
+    system, docs = data["system"], data["docs"]
+    warm, _ = asyncio.run(ask(url, model, messages(system, docs, list(range(len(docs))), "Which towns are described?"), 4))
+    print(f"   warm-up (documents in their own order): TTFT {warm['ttft_s']:.2f} s", flush=True)
+    rows = []
+    for q, order in zip(data["questions"], data["orders"]):
+        timing, text = asyncio.run(ask(url, model, messages(system, docs, order, q["question"]), max_tokens))
+        rows.append({**timing, "question": q["question"], "gold": q["gold"], "answer": text,
+                     "correct": contains(text, q["gold"]), "f1": f1(text, q["gold"])})
+        print(f"   {timing['ttft_s']:6.2f} s  cached {timing['cached_tokens']:5d}/{timing['prompt_tokens']}  "
+              f"{'ok ' if rows[-1]['correct'] else 'no '} {text[:70]!r}", flush=True)
+    ttft = [r["ttft_s"] for r in rows]
+    return {
+        "warmup_ttft_s": warm["ttft_s"], "ttft_p50_s": statistics.median(ttft), "ttft_mean_s": statistics.fmean(ttft),
+        "prompt_tokens_mean": statistics.fmean(r["prompt_tokens"] for r in rows),
+        "cached_tokens_mean": statistics.fmean(r["cached_tokens"] for r in rows),
+        "accuracy": statistics.fmean(r["correct"] for r in rows), "f1": statistics.fmean(r["f1"] for r in rows),
+        "rows": rows,
+    }
+
+
+def compare(doc: dict) -> None:
+    """Each configuration against prefix-only, per phase: TTFT ratio, answers identical, score points."""
+    ref = doc["configs"]["prefix"]["phases"]
+    for run in doc["configs"].values():
+        for phase, res in run["phases"].items():
+            base = ref[phase]
+            res["ttft_speedup_vs_prefix"] = base["ttft_p50_s"] / res["ttft_p50_s"]
+            same = [a["answer"] == b["answer"] for a, b in zip(res["rows"], base["rows"])]
+            res["identical_to_prefix"] = sum(same) / len(same)
+            res["accuracy_points_vs_prefix"] = 100 * (res["accuracy"] - base["accuracy"])
+            res["f1_points_vs_prefix"] = 100 * (res["f1"] - base["f1"])
+
+
+def plot(doc: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(doc["configs"])
+    ttft = [doc["configs"][n]["phases"]["ttft"] for n in names]
+    qa = [doc["configs"][n]["phases"]["qa"] for n in names]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    bars = a.bar(names, [r["ttft_p50_s"] for r in ttft], color=["#888"] + ["#2a7"] * (len(names) - 1))
+    for bar, r in zip(bars, ttft):
+        a.annotate(f"{r['ttft_p50_s']:.2f} s\n{r['ttft_speedup_vs_prefix']:.1f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                   ha="center", va="bottom", fontsize=8)
+    a.set_ylabel("TTFT p50 (s)")
+    a.set_title(f"TTFT: {ttft[0]['prompt_tokens_mean']:.0f}-token prompts, documents reordered", fontsize=9)
+    x = range(len(names))
+    b.plot(x, [100 * r["accuracy"] for r in qa], "o-", label="answer accuracy (%)")
+    b.plot(x, [100 * r["f1"] for r in qa], "s-", label="token F1 (x100)")
+    b.plot(x, [100 * r["identical_to_prefix"] for r in qa], "^--", label="answers identical to prefix-only (%)")
+    b.set_xticks(list(x), names)
+    b.set_ylim(0, 105)
+    b.legend(fontsize=8)
+    b.set_title(f"quality: {len(qa[0]['rows'])} questions, {qa[0]['prompt_tokens_mean']:.0f}-token prompts", fontsize=9)
+    fig.suptitle("KV blending on the served assistant (float32, 2 CPU cores)")
+    fig.tight_layout()
+    out = RESULTS / "blend_rag.png"
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.05, 0.15, 0.30])
+    ap.add_argument("--docs", type=int, default=6)
+    ap.add_argument("--doc-tokens", type=int, default=1000)
+    ap.add_argument("--system-tokens", type=int, default=1000)
+    ap.add_argument("--ttft-requests", type=int, default=8)
+    ap.add_argument("--qa-doc-tokens", type=int, default=300)
+    ap.add_argument("--qa-system-tokens", type=int, default=150)
+    ap.add_argument("--questions", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--no-save", action="store_true", help="print only (a quick look)")
+    ap.add_argument("--plot-only", action="store_true")
+    args = ap.parse_args()
+    if args.plot_only:
+        print(plot(json.loads((RESULTS / "blend_rag.json").read_text())))
+        return 0
+    from transformers import AutoTokenizer
+
+    from lmi_server.demo.assistant import ensure_assistant
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_assistant()))
+    phases = {
+        "ttft": workload(tokenizer, args.docs, args.doc_tokens, args.system_tokens, args.ttft_requests, args.seed),
+        "qa": workload(tokenizer, args.docs, args.qa_doc_tokens, args.qa_system_tokens, args.questions, args.seed + 100),
+    }
+    work = Path(tempfile.mkdtemp(prefix="lmi-blend-rag-"))
+    configs = {"prefix": {}} | {f"blend-{r:g}": {"OPTION_LMCACHE_BLEND": "true", "OPTION_LMCACHE_BLEND_RECOMPUTE_RATIO": str(r)}
+                                for r in args.ratios}
+    doc = {"benchmark": "blend_rag", "machine": machine(), "load_average_at_start": os.getloadavg(),
+           "args": vars(args), "configs": {}}
+    started = time.monotonic()
+    for name, options in configs.items():
+        doc["configs"][name] = run_config(name, options, work, phases, args.max_tokens)
+    doc["wall_s"] = time.monotonic() - started
+    doc["load_average_at_end"] = os.getloadavg()
+    compare(doc)
+    if not args.no_save:
+        print(save("blend_rag", doc))
+        print(plot(doc))
+    for name, run in doc["configs"].items():
+        t, q = run["phases"]["ttft"], run["phases"]["qa"]
+        print(f"{name:10s} TTFT p50 {t['ttft_p50_s']:6.2f} s ({t['ttft_speedup_vs_prefix']:.2f}x)  identical {t['identical_to_prefix']:.2f} | "
+              f"QA accuracy {q['accuracy']:.2f} F1 {q['f1']:.2f} identical {q['identical_to_prefix']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""KV blending end to end: the real server, engine and LMCache cache server, option.lmcache_blend=true.
+
+A prompt of documents (each after the separator) is served as usual the first time and its
+documents are stored; the same documents in another order are then blended: the usage reports
+their tokens as cached and /metrics counts them. With every reused token recomputed (ratio 1 for
+one request) the blended path answers exactly as a full prefill of the same prompt; the full
+prefill is the same prompt under another cache salt, which no stored document matches."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import BASE_PROPS
+from tests.e2e.test_api import metric_value
+from tests.support.server import ServerProcess, server_env, write_properties
+
+SEP = " # # "
+
+
+def documents() -> list[str]:
+    text = Path(sysconfig.get_paths()["stdlib"], "argparse.py").read_text()
+    return [text[20000 + i * 1500 : 20000 + (i + 1) * 1500] for i in range(3)]
+
+
+def prompt(order: list[int]) -> str:
+    docs = documents()
+    return "".join(SEP + docs[i] for i in order) + SEP + "def parse_known_args(self, args=None"
+
+
+@pytest.fixture(scope="module")
+def blend_server(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("blend-model")
+    (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
+    props = {**BASE_PROPS, "option.lmcache_config_file": "lmcache.yaml", "option.lmcache_blend": "true"}
+    write_properties(model_dir, props)
+    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def metrics(server) -> str:
+    return httpx.get(server.base_url + "/metrics", timeout=30).text
+
+
+def complete(server, text: str, **extra) -> dict:
+    r = httpx.post(server.base_url + "/v1/completions", json={
+        "model": "lmi-demo", "prompt": text, "max_tokens": 12, "temperature": 0, **extra}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_reordered_documents_are_reused_and_answer_as_a_full_prefill(blend_server):
+    first = complete(blend_server, prompt([0, 1, 2]))
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # new documents: computed, then stored
+    text = metrics(blend_server)
+    assert metric_value(text, "lmi_blend_stored_segments_total") >= 3
+    reused_before = metric_value(text, "lmi_blend_tokens_total", kind="reused")
+
+    permuted = prompt([2, 0, 1])
+    blended = complete(blend_server, permuted)
+    usage = blended["usage"]
+    # the three documents (about 1,300 tokens) were found: the usage counts the reused tokens kept
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0.5 * usage["prompt_tokens"], usage
+    text = metrics(blend_server)
+    assert metric_value(text, "lmi_blend_tokens_total", kind="reused") - reused_before >= usage["prompt_tokens_details"]["cached_tokens"]
+    assert metric_value(text, "lmi_blend_requests_total") >= 1
+
+    reference = complete(blend_server, permuted, cache_salt="full-prefill")  # no stored document has this salt
+    assert reference["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    exact = complete(blend_server, permuted, kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
+    assert exact["choices"][0]["text"] == reference["choices"][0]["text"]
+    # the default ratio (0.15) keeps 85% of the documents' KV and still starts the same answer
+    assert blended["choices"][0]["text"][:8] == reference["choices"][0]["text"][:8]
+
+
+def test_a_bad_per_request_ratio_is_a_400_and_the_server_keeps_serving(blend_server):
+    r = httpx.post(blend_server.base_url + "/v1/completions", json={
+        "model": "lmi-demo", "prompt": prompt([1, 2, 0]), "max_tokens": 2,
+        "kv_transfer_params": {"lmi_blend_recompute_ratio": 1.5}}, timeout=60)
+    assert r.status_code == 400 and "lmi_blend_recompute_ratio" in r.text
+    assert complete(blend_server, prompt([1, 0, 2]))["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
