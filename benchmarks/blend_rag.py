@@ -9,11 +9,12 @@ facts planted in each (a town's founding year, founder, river, export...), so ev
 one gold answer found in exactly one document. Before the measured requests each server sees the
 documents once, in their own order (what "documents seen before" means: that request stores them).
 
-Configurations, one server each, one after the other on the built-in assistant (float32), with
-LMCache's auto plan:
+Two servers, one after the other, on the built-in assistant (float32), with LMCache's auto plan:
   prefix      blending off: LMCache and vLLM reuse the prefix (the system prompt), the documents
               are prefilled again on every request. Its answers are the full-prefill reference.
-  blend-R     option.lmcache_blend=true with recompute ratio R (0, 0.05, 0.15, 0.30).
+  blend-R     option.lmcache_blend=true, each request asking for recompute ratio R (0, 0.05, 0.15,
+              0.30, and 1, where every reused token is recomputed: the blend path's own ceiling) in
+              its `kv_transfer_params`; the same documents stored once serve every ratio.
 
 Reported per configuration: TTFT p50/mean over the questions (streaming, first content chunk),
 the prompt tokens the usage reports as cached, answer accuracy (the gold answer appears in the
@@ -138,8 +139,10 @@ def f1(answer: str, gold: str) -> float:
     return 2 * p * r / (p + r)
 
 
-async def ask(url: str, model: str, msgs: list[dict], max_tokens: int) -> tuple[dict, str]:
+async def ask(url: str, model: str, msgs: list[dict], max_tokens: int, ratio: float | None = None) -> tuple[dict, str]:
     body = {"model": model, "messages": msgs, "max_tokens": max_tokens, "temperature": 0}
+    if ratio is not None:
+        body["kv_transfer_params"] = {"lmi_blend_recompute_ratio": ratio}
     async with httpx.AsyncClient(timeout=900) as client:
         timed = await stream_completion(client, url + "/v1/chat/completions", body)
     if not timed.ok:
@@ -159,7 +162,9 @@ def blend_counters(url: str) -> dict[str, float]:
     return out
 
 
-def run_config(name: str, env_options: dict[str, str], work: Path, phases: dict[str, dict], max_tokens: int) -> dict:
+def run_server(name: str, env_options: dict[str, str], work: Path, phases: dict[str, dict], max_tokens: int,
+               ratios: list[float | None]) -> dict[str, dict]:
+    """One server: each phase warmed once, then its questions at every ratio (None: the server's own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
     env.update({"OPTION_LMCACHE_AUTO_CONFIG": "true", "OPTION_MAX_MODEL_LEN": "8192", **env_options})
     port = free_port()
@@ -170,28 +175,34 @@ def run_config(name: str, env_options: dict[str, str], work: Path, phases: dict[
     print(f"== {name}", flush=True)
     with server:
         model = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        out = {"options": env_options, "phases": {}}
         for phase, data in phases.items():
-            out["phases"][phase] = run_phase(server.url, model, data, max_tokens)
-        out["blend_metrics"] = blend_counters(server.url)
-    out["start_s"] = server.start_s
+            warm, _ = asyncio.run(ask(server.url, model, messages(data["system"], data["docs"], list(range(len(data["docs"]))),
+                                                                  "Which towns are described?"), 4))
+            print(f"   {phase} warm-up (documents in their own order): TTFT {warm['ttft_s']:.2f} s", flush=True)
+        out = {}
+        for ratio in ratios:
+            label = name if ratio is None else f"blend-{ratio:g}"
+            print(f"-- {label}", flush=True)
+            out[label] = {"options": env_options, "ratio": ratio, "start_s": server.start_s,
+                          "phases": {phase: run_phase(server.url, model, data, max_tokens, ratio) for phase, data in phases.items()}}
+        counters = blend_counters(server.url)
+    for run in out.values():
+        run["blend_metrics_server_total"] = counters
     return out
 
 
-def run_phase(url: str, model: str, data: dict, max_tokens: int) -> dict:
+def run_phase(url: str, model: str, data: dict, max_tokens: int, ratio: float | None) -> dict:
     system, docs = data["system"], data["docs"]
-    warm, _ = asyncio.run(ask(url, model, messages(system, docs, list(range(len(docs))), "Which towns are described?"), 4))
-    print(f"   warm-up (documents in their own order): TTFT {warm['ttft_s']:.2f} s", flush=True)
     rows = []
     for q, order in zip(data["questions"], data["orders"]):
-        timing, text = asyncio.run(ask(url, model, messages(system, docs, order, q["question"]), max_tokens))
+        timing, text = asyncio.run(ask(url, model, messages(system, docs, order, q["question"]), max_tokens, ratio))
         rows.append({**timing, "question": q["question"], "gold": q["gold"], "answer": text,
                      "correct": contains(text, q["gold"]), "f1": f1(text, q["gold"])})
         print(f"   {timing['ttft_s']:6.2f} s  cached {timing['cached_tokens']:5d}/{timing['prompt_tokens']}  "
               f"{'ok ' if rows[-1]['correct'] else 'no '} {text[:70]!r}", flush=True)
     ttft = [r["ttft_s"] for r in rows]
     return {
-        "warmup_ttft_s": warm["ttft_s"], "ttft_p50_s": statistics.median(ttft), "ttft_mean_s": statistics.fmean(ttft),
+        "ttft_p50_s": statistics.median(ttft), "ttft_mean_s": statistics.fmean(ttft),
         "prompt_tokens_mean": statistics.fmean(r["prompt_tokens"] for r in rows),
         "cached_tokens_mean": statistics.fmean(r["cached_tokens"] for r in rows),
         "accuracy": statistics.fmean(r["correct"] for r in rows), "f1": statistics.fmean(r["f1"] for r in rows),
@@ -223,6 +234,8 @@ def plot(doc: dict) -> Path:
     qa = [doc["configs"][n]["phases"]["qa"] for n in names]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     bars = a.bar(names, [r["ttft_p50_s"] for r in ttft], color=["#888"] + ["#2a7"] * (len(names) - 1))
+    a.tick_params(axis="x", labelsize=8)
+    b.tick_params(axis="x", labelsize=8)
     for bar, r in zip(bars, ttft):
         a.annotate(f"{r['ttft_p50_s']:.2f} s\n{r['ttft_speedup_vs_prefix']:.1f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                    ha="center", va="bottom", fontsize=8)
@@ -245,15 +258,15 @@ def plot(doc: dict) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.05, 0.15, 0.30])
+    ap.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.05, 0.15, 0.30, 1.0])
     ap.add_argument("--docs", type=int, default=6)
     ap.add_argument("--doc-tokens", type=int, default=1000)
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--ttft-requests", type=int, default=8)
     ap.add_argument("--qa-doc-tokens", type=int, default=300)
     ap.add_argument("--qa-system-tokens", type=int, default=150)
-    ap.add_argument("--questions", type=int, default=24)
-    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--questions", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-save", action="store_true", help="print only (a quick look)")
     ap.add_argument("--plot-only", action="store_true")
@@ -271,13 +284,11 @@ def main() -> int:
         "qa": workload(tokenizer, args.docs, args.qa_doc_tokens, args.qa_system_tokens, args.questions, args.seed + 100),
     }
     work = Path(tempfile.mkdtemp(prefix="lmi-blend-rag-"))
-    configs = {"prefix": {}} | {f"blend-{r:g}": {"OPTION_LMCACHE_BLEND": "true", "OPTION_LMCACHE_BLEND_RECOMPUTE_RATIO": str(r)}
-                                for r in args.ratios}
     doc = {"benchmark": "blend_rag", "machine": machine(), "load_average_at_start": os.getloadavg(),
            "args": vars(args), "configs": {}}
     started = time.monotonic()
-    for name, options in configs.items():
-        doc["configs"][name] = run_config(name, options, work, phases, args.max_tokens)
+    doc["configs"].update(run_server("prefix", {}, work, phases, args.max_tokens, [None]))
+    doc["configs"].update(run_server("blend", {"OPTION_LMCACHE_BLEND": "true"}, work, phases, args.max_tokens, args.ratios))
     doc["wall_s"] = time.monotonic() - started
     doc["load_average_at_end"] = os.getloadavg()
     compare(doc)

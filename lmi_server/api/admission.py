@@ -116,9 +116,22 @@ class Ticket:
     tenant: str = DEFAULT_TENANT
     waited_s: float = 0.0
     released: bool = False
+    awaiting_first: bool = False
+
+    def expect_first_token(self) -> None:
+        """A stream starts: until its first chunk, the flooding tenants' next requests wait (`_eligible`)."""
+        if not self.released and not self.awaiting_first:
+            self.awaiting_first = True
+            self.admission._awaiting_first[self.tenant] += 1
+
+    def first_token(self) -> None:
+        if self.awaiting_first:
+            self.awaiting_first = False
+            self.admission._first_token(self.tenant)
 
     def release(self) -> None:
         if not self.released:
+            self.first_token()
             self.released = True
             self.admission._release(self.tenant)
 
@@ -143,6 +156,7 @@ class Admission:
     _queue: FairQueue = field(init=False)
     _deadlines: collections.deque = field(default_factory=collections.deque)
     _held: collections.Counter = field(default_factory=collections.Counter)
+    _awaiting_first: collections.Counter = field(default_factory=collections.Counter)
     _seen: dict = field(default_factory=dict)
     _timer: asyncio.TimerHandle | None = None
 
@@ -200,6 +214,10 @@ class Admission:
         share = self.slots * weight / sum(self.weights.get(t, 1.0) for t in present)
         if self._held[tenant] + 1 <= share:
             return True
+        if any(n for t, n in self._awaiting_first.items() if t != tenant):
+            # Another tenant's request waits for its first token: a new prefill of this tenant's
+            # would share (and lengthen) the engine step that computes it.
+            return False
         return self.slots - self.active - 1 >= reserve
 
     def queue_cap(self) -> int:
@@ -321,6 +339,12 @@ class Admission:
         if not self._held[tenant]:
             del self._held[tenant]
         IN_ENGINE.set(self.active)
+        self._wake()
+
+    def _first_token(self, tenant: str) -> None:
+        self._awaiting_first[tenant] -= 1
+        if self._awaiting_first[tenant] <= 0:
+            del self._awaiting_first[tenant]
         self._wake()
 
     def _gauge(self, tenant: str) -> None:

@@ -80,12 +80,16 @@ async def admit(request: Request, state, *, lmi: bool = False, parsed: Any = Non
     scope_state[TICKET_KEY] = ticket
 
 
-async def yielding(body: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def yielding(body: AsyncIterator[Any], ticket: Any = None) -> AsyncIterator[Any]:
     """A response stream passed through, suspending once per chunk. An `await` on something
     already done does not give the event loop a turn, so a stream whose source is always ready
     (a fast engine) could otherwise hold the loop: timers (queue-wait deadlines), other responses
-    and new connections would wait for it."""
+    and new connections would wait for it. The admission ticket hears of the first chunk."""
+    if ticket is not None:
+        ticket.expect_first_token()
     async for chunk in body:
+        if ticket is not None:
+            ticket.first_token()
         yield chunk
         await asyncio.sleep(0)
 
@@ -144,16 +148,20 @@ def track_stream(request: Request, gen: Any) -> Any:
     return gen
 
 
+def admission_ticket(request: Request) -> Any:
+    return request.scope.get("state", {}).get(TICKET_KEY)
+
+
 async def as_response(result: Any, request: Request, headers: dict[str, str] | None = None):
     """vLLM's result as a response, with the output formatter (if any) applied."""
     if response_formatter(request) is not None:
         if is_stream(result):
             track_stream(request, result)
-            body = yielding(await formatted_stream(request, result, "sse"))
+            body = yielding(await formatted_stream(request, result, "sse"), admission_ticket(request))
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
         return formatted_response(request, result, headers)
     if is_stream(result):
         track_stream(request, result)
-        body = yielding(await format_stream(request, result, "sse"))
+        body = yielding(await format_stream(request, result, "sse"), admission_ticket(request))
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
     return JSONResponse(format_json(request, result.model_dump(exclude_none=False)), headers=headers)

@@ -17,7 +17,7 @@ from lmi_server.api import openai as openai_routes
 from lmi_server.api.adapter_routing import format_json, format_stream
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import admit, call_serving, engine_state, track_stream, yielding
+from lmi_server.api.generation import admission_ticket, admit, call_serving, engine_state, track_stream, yielding
 from lmi_server.api.lmi_formatters import apply_payload_formatter, formatted_response, formatted_stream, response_formatter
 from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
 
@@ -108,13 +108,13 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     if response_formatter(request) is not None:  # LMI's output formatter gets vLLM's response objects
         if req.stream:
             track_stream(request, result)
-            body = yielding(await formatted_stream(request, result, "jsonl"))
+            body = yielding(await formatted_stream(request, result, "jsonl"), admission_ticket(request))
             return StreamingResponse(body, media_type="application/jsonlines", headers=headers)
         return formatted_response(request, result, headers)
     if req.stream:
         track_stream(request, result)
         lines = track_stream(request, stream_jsonlines(req, result))
         return StreamingResponse(
-            yielding(await format_stream(request, lines, "jsonl")), media_type="application/jsonlines", headers=headers
+            yielding(await format_stream(request, lines, "jsonl"), admission_ticket(request)), media_type="application/jsonlines", headers=headers
         )
     return JSONResponse(format_json(request, format_response(req, result.model_dump())), headers=headers)

@@ -308,3 +308,45 @@ def test_added_slots_keep_a_lone_tenant_at_the_batch_size_and_start_others_at_on
         await asyncio.gather(*a, return_exceptions=True)
 
     run(scenario())
+
+
+def test_a_flood_waits_while_another_tenants_stream_has_no_first_token():
+    """Beyond its share, a flooding tenant's next request is not handed a slot while another
+    tenant's stream waits for its first token (the new prefill would share that engine step)."""
+
+    async def scenario():
+        adm = Admission(queue_size=100, slots=10, policy="fair", reserved_slots=2)
+        adm._seen["B"] = adm.clock()
+        a = [asyncio.create_task(adm.acquire("A")) for _ in range(12)]
+        await asyncio.sleep(0)
+        assert adm.held("A") == 8  # beyond its share of 5, A leaves the 2 reserved slots free
+        b = await asyncio.wait_for(adm.acquire("B"), 1)
+        b.expect_first_token()
+        running = [t.result() for t in a if t.done()]
+        running[0].release()
+        running[1].release()  # two slots free: one would go to A (2 stay free) but B has no first token yet
+        await asyncio.sleep(0)
+        assert adm.held("A") == 6 and adm.active == 7
+        b.first_token()  # B's first chunk: A's next request takes the slot
+        await asyncio.sleep(0)
+        assert adm.held("A") == 7 and adm.active == 8
+        b.release()
+        for t in a:
+            t.cancel()
+        await asyncio.gather(*a, return_exceptions=True)
+
+    run(scenario())
+
+
+def test_a_released_ticket_clears_its_first_token_wait():
+    async def scenario():
+        adm = Admission(queue_size=10, slots=4, policy="fair", reserved_slots=1)
+        t = await adm.acquire("B")
+        t.expect_first_token()
+        assert adm._awaiting_first["B"] == 1
+        t.release()  # ended (or failed) before any chunk
+        assert not adm._awaiting_first
+        t.first_token()
+        assert not adm._awaiting_first
+
+    run(scenario())
