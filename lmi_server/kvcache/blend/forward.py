@@ -21,7 +21,7 @@ is selected and the result is a full prefill, which is what the tests hold it to
 
 The model is reached through `ModelAdapter` (embedding, per-layer norms, Q/K/V with the model's
 own RoPE, output projection, MLP, final norm, LM head): `HFLlamaAdapter` wraps Hugging Face's
-`LlamaForCausalLM`; an adapter over vLLM's `LlamaModel` modules is the next piece (DESIGN.md).
+`LlamaForCausalLM`; `VLLMLlamaAdapter` wraps vLLM's, the one the served engine runs (`worker.py`).
 torch only: CPU and CUDA run the same code. One request at a time, no batching.
 """
 
