@@ -250,7 +250,7 @@ def plan_blend(
 def blend_store_dir() -> str:
     """Where this server keeps segment KV: a tmpfs where there is one, one directory per server."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(base, f"lmi-blend-{os.getpid()}")
+    return os.path.join(base, f"lmi-blend-{os.getpid()}")  # blend.store.STORE_PREFIX: stale ones are swept at start-up
 
 
 def preflight_checks(engine_args: dict[str, Any], model_config: dict[str, Any] | None, kv_plan: KVCachePlan) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 from typing import Any
 
@@ -86,7 +87,13 @@ def create_app(
     async def lifespan(app: FastAPI):
         install_log_redaction()  # uvicorn's and vLLM's handlers exist by now
         collector = register_lmcache_collector(kv_plan, cache_server)
-        blend_collector = register_blend_collector(getattr(runtime, "blend", None))
+        blend = getattr(runtime, "blend", None)
+        blend_collector = register_blend_collector(blend)
+        if blend and blend.get("store_dir"):
+            from lmi_server.kvcache.blend.store import remove_stale_stores
+
+            for path in remove_stale_stores(os.path.dirname(blend["store_dir"])):
+                log.info("removed the blend store of a server that is gone: %s", path)
         if start_engine:
             owner.start_background()
         sweeper = asyncio.create_task(_sweep_sessions(app.state.session_hook.store, cfg.sessions.sessions_sweep_interval))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -138,6 +139,37 @@ class SegmentStore:
                 total -= size
                 removed += 1
             return removed
+
+
+STORE_PREFIX = "lmi-blend-"
+"""A server's store is `<tmpfs>/lmi-blend-<pid of the server>`."""
+
+
+def remove_stale_stores(base: str | os.PathLike) -> list[str]:
+    """Delete the stores of servers that are gone (killed before their shutdown removed their own):
+    segment KV in a tmpfs is memory until someone deletes it. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(base))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        pid = entry.name[len(STORE_PREFIX):]
+        if not entry.name.startswith(STORE_PREFIX) or not pid.isdigit() or not entry.is_dir() or _alive(int(pid)):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class BlendCounters:

@@ -87,3 +87,20 @@ def test_counters_add_up_across_writers(tmp_path):
     values = BlendCounters.read(tmp_path)
     assert values["blended_requests"] == 1 and values["reused_tokens"] == 120 and values["blend_seconds"] == 0.5
     assert BlendCounters.read(tmp_path / "nothing")["reused_tokens"] == 0
+
+
+def test_stores_of_servers_that_are_gone_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from lmi_server.kvcache.blend.store import remove_stale_stores
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, alive = tmp_path / f"lmi-blend-{gone.stdout.strip()}", tmp_path / f"lmi-blend-{os.getpid()}"
+    other = tmp_path / "lmi-blend-notapid"
+    for d in (dead, alive, other):
+        (d / "x.kv").parent.mkdir()
+        (d / "x.kv").write_bytes(b"kv")
+    assert remove_stale_stores(tmp_path) == [str(dead)]
+    assert not dead.exists() and alive.exists() and other.exists()
+    assert remove_stale_stores(tmp_path / "missing") == []
