@@ -8,7 +8,6 @@ the client sees it (first streamed chunk that carries generated text).
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import threading
 import time
@@ -212,7 +211,7 @@ class BlendCollector:
         self.store_dir = store_dir
 
     def collect(self):
-        from lmi_server.kvcache.blend.store import BlendCounters
+        from lmi_server.kvcache.blend.store import BlendCounters, store_bytes
 
         values = BlendCounters.read(self.store_dir)
         tokens = CounterMetricFamily(
@@ -226,15 +225,8 @@ class BlendCollector:
             family.add_metric([], values[key])
             yield family
         stored = GaugeMetricFamily("lmi_blend_store_bytes", "Bytes of segment KV held for blending")
-        stored.add_metric([], float(_dir_bytes(self.store_dir)))
+        stored.add_metric([], float(store_bytes(self.store_dir)))
         yield stored
-
-
-def _dir_bytes(path: str) -> int:
-    try:
-        return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".kv"))
-    except FileNotFoundError:
-        return 0
 
 
 def register_blend_collector(blend: dict | None):

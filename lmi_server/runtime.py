@@ -223,9 +223,8 @@ def plan_blend(
         store_dir=blend_store_dir(), store_max_bytes=int(opts.lmcache_blend_store_gb * 2**30),
         model_identity=f"{engine_args['model']}|{engine_args.get('dtype', 'auto')}|{engine_args.get('kv_cache_dtype', 'auto')}",
     )
-    if kv_plan.kv_transfer_config is not None:
-        extra = kv_plan.kv_transfer_config.setdefault("kv_connector_extra_config", {})
-        extra[EXTRA_CONFIG_KEY] = blend_config.to_dict()
+    extra = kv_plan.kv_transfer_config.setdefault("kv_connector_extra_config", {})
+    extra[EXTRA_CONFIG_KEY] = blend_config.to_dict()
     where = settings.sources
     return {
         **settings.to_dict(),
@@ -248,9 +247,12 @@ def plan_blend(
 
 
 def blend_store_dir() -> str:
-    """Where this server keeps segment KV: a tmpfs where there is one, one directory per server."""
+    """Where this server keeps segment KV: a tmpfs where there is one, one directory per server
+    (those of servers that are gone are swept at start-up: `blend.store.remove_stale_stores`)."""
+    from lmi_server.kvcache.blend.settings import STORE_PREFIX
+
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(base, f"lmi-blend-{os.getpid()}")  # blend.store.STORE_PREFIX: stale ones are swept at start-up
+    return os.path.join(base, f"{STORE_PREFIX}{os.getpid()}")
 
 
 def preflight_checks(engine_args: dict[str, Any], model_config: dict[str, Any] | None, kv_plan: KVCachePlan) -> None:

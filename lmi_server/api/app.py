@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -89,10 +88,11 @@ def create_app(
         collector = register_lmcache_collector(kv_plan, cache_server)
         blend = getattr(runtime, "blend", None)
         blend_collector = register_blend_collector(blend)
-        if blend and blend.get("store_dir"):
+        store_dir = (blend or {}).get("store_dir")
+        if store_dir:
             from lmi_server.kvcache.blend.store import remove_stale_stores
 
-            for path in remove_stale_stores(os.path.dirname(blend["store_dir"])):
+            for path in remove_stale_stores(os.path.dirname(store_dir)):
                 log.info("removed the blend store of a server that is gone: %s", path)
         if start_engine:
             owner.start_background()
@@ -107,7 +107,10 @@ def create_app(
             await owner.stop()
             unregister_collector(collector)
             unregister_collector(blend_collector)
-            remove_blend_store(getattr(runtime, "blend", None))
+            if store_dir:
+                from lmi_server.kvcache.blend.store import remove_store
+
+                remove_store(store_dir)  # this server's segment KV (tmpfs) goes with it
 
     app = FastAPI(title="lmi_server", lifespan=lifespan)
     app.state.config = cfg
@@ -148,9 +151,3 @@ def create_app(
     install_openapi(app)  # the request bodies the routes read themselves
     app.add_middleware(AdmissionReleaseMiddleware)
     return app
-
-
-def remove_blend_store(blend: dict | None) -> None:
-    """The segment KV of this server's blending lives in a directory of its own (tmpfs): gone with it."""
-    if blend and blend.get("store_dir"):
-        shutil.rmtree(blend["store_dir"], ignore_errors=True)

@@ -56,8 +56,9 @@ class GuardedLMCacheMPConnector(LMCacheMPConnector):
 
             hf_config = vllm_config.model_config.hf_config
             self._blend_worker = BlendWorker(config, hf_config.to_dict(), vllm_config.model_config.architecture)
-        _log_to_stderr(logging.getLogger("lmi_server.kvcache.blend"))
-        logging.getLogger("lmi_server.kvcache.blend").info("KV blending on: segments at %r, recompute ratio %g", config.separator, config.recompute_ratio)
+        blend_log = logging.getLogger("lmi_server.kvcache.blend")
+        _log_to_stderr(blend_log)
+        blend_log.info("KV blending on: segments at %r, recompute ratio %g", config.separator, config.recompute_ratio)
 
     # --- scheduler side -------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ blocks with the blended KV (`worker.py`). A prompt with segments but too little 
 is served as usual and its segments are *stored* from the paged KV once its prefill is done, so
 the next prompt that holds them (in any order) reuses them.
 
-Jobs travel to the worker in the step's connector metadata (`attach`); they are plain data.
+Jobs travel to the worker in the step's connector metadata (`lmi_blend_jobs`); they are plain data.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from lmi_server.kvcache.blend.settings import BlendConfig, request_ratio
 from lmi_server.kvcache.blend.store import SegmentStore
 
 logger = logging.getLogger("lmi_server.kvcache.blend")
+
 
 @dataclass
 class BlendJob:

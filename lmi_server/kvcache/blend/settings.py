@@ -20,6 +20,9 @@ EXTRA_CONFIG_KEY = "lmi.blend"
 """The key of `kv_connector_extra_config` that carries `BlendConfig` to the engine's processes."""
 
 
+STORE_PREFIX = "lmi-blend-"
+"""A server keeps its segment KV in `<tmpfs>/lmi-blend-<pid of the server>`."""
+
 RATIO_PARAM = "lmi_blend_recompute_ratio"
 """A request's own recompute ratio, in its `kv_transfer_params` (vLLM's per-request connector field)."""
 

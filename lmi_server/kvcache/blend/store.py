@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from lmi_server.kvcache.blend.segments import ChunkKey, segment_chunk_keys
+from lmi_server.kvcache.blend.settings import STORE_PREFIX
 
 logger = logging.getLogger("lmi_server.kvcache.blend.store")
 
@@ -109,13 +110,10 @@ class SegmentStore:
         return written
 
     def size_bytes(self) -> int:
-        return sum(entry.stat().st_size for entry in self._chunks())
+        return store_bytes(self.root)
 
     def _chunks(self) -> list[os.DirEntry]:
-        try:
-            return [e for e in os.scandir(self.root) if e.name.endswith(SUFFIX)]
-        except FileNotFoundError:
-            return []
+        return _chunk_entries(self.root)
 
     def evict(self) -> int:
         """Delete the chunks used longest ago until the store holds at most `max_bytes`; the count."""
@@ -141,8 +139,27 @@ class SegmentStore:
             return removed
 
 
-STORE_PREFIX = "lmi-blend-"
-"""A server's store is `<tmpfs>/lmi-blend-<pid of the server>`."""
+def _chunk_entries(root: str | os.PathLike) -> list[os.DirEntry]:
+    try:
+        return [e for e in os.scandir(root) if e.name.endswith(SUFFIX)]
+    except FileNotFoundError:
+        return []
+
+
+def store_bytes(root: str | os.PathLike) -> int:
+    """Bytes of chunk files under `root` (0 for a store not created yet)."""
+    total = 0
+    for entry in _chunk_entries(root):
+        try:
+            total += entry.stat().st_size
+        except FileNotFoundError:
+            pass  # evicted meanwhile
+    return total
+
+
+def remove_store(root: str | os.PathLike) -> None:
+    """A server's own store goes with it (its shutdown)."""
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def remove_stale_stores(base: str | os.PathLike) -> list[str]:
@@ -157,7 +174,7 @@ def remove_stale_stores(base: str | os.PathLike) -> list[str]:
         pid = entry.name[len(STORE_PREFIX):]
         if not entry.name.startswith(STORE_PREFIX) or not pid.isdigit() or not entry.is_dir() or _alive(int(pid)):
             continue
-        shutil.rmtree(entry.path, ignore_errors=True)
+        remove_store(entry.path)
         removed.append(entry.path)
     return removed
 

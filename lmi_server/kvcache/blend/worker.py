@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from lmi_server.kvcache.blend import forward, paged
-from lmi_server.kvcache.blend.rope import RopeSpec
+from lmi_server.kvcache.blend.rope import RopeSpec, rerotate
 from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob, open_store
 from lmi_server.kvcache.blend.settings import BlendConfig
 from lmi_server.kvcache.blend.store import BlendCounters
@@ -174,8 +174,6 @@ class BlendWorker:
         return stored, written
 
     def _to_local(self, k: torch.Tensor, local: torch.Tensor, start: int) -> torch.Tensor:
-        from lmi_server.kvcache.blend.rope import rerotate
-
         return rerotate(k, local + start, local, self.spec) if start else k
 
     @torch.inference_mode()
