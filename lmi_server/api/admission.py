@@ -16,7 +16,11 @@ or sent one within the last `PRESENCE_S` seconds), a tenant beyond its weighted 
 takes a free slot only if `reserved_slots` slots stay free, so that another tenant's request starts
 at once instead of waiting for someone else's stream to end (running streams cannot be preempted).
 Within its share, or alone, a tenant takes any free slot, up to `tenant_cap` when the reserved
-slots were added to the engine on top of the batch size (`runtime.fair_headroom`).
+slots were added to the engine on top of the batch size (`runtime.fair_headroom`). Beyond its
+share a tenant also waits until its last streamed request has its first token
+(`PREFILLS_BEYOND_SHARE`): a flood's refills then enter the engine one prefill per step, where a
+batch's worth at once made one long step that a newcomer arriving during it waited behind (its
+TTFT doubled; measured, `benchmarks/fairness.py`).
 
 The wait bound holds even when the event loop is late: each waiter carries its own deadline,
 enforced by one timer (the earliest deadline) and checked again whenever a slot is handed out or a
@@ -62,6 +66,10 @@ TENANT_WAIT = Histogram(
 )
 
 TICKET_KEY = "lmi_admission_ticket"
+PREFILLS_BEYOND_SHARE = 1
+"""Requests a tenant beyond its share may have between admission and first token (fair policy,
+others present): its refills then enter the engine one prefill per step instead of a burst of a
+whole batch's worth in one long step, which a newcomer arriving meanwhile would wait behind."""
 HEADERS_KEY = "lmi_response_headers"
 PRESENCE_S = 60.0
 """A tenant counts as present this long after its last request (for slot reservation)."""
@@ -119,7 +127,9 @@ class Ticket:
     awaiting_first: bool = False
 
     def expect_first_token(self) -> None:
-        """A stream starts: until its first chunk, the flooding tenants' next requests wait (`_eligible`)."""
+        """A stream is admitted: until its first chunk its tenant, when beyond its share, takes no
+        further slot (`_eligible`). Non-streamed requests are not tracked (their first token is not
+        seen here)."""
         if not self.released and not self.awaiting_first:
             self.awaiting_first = True
             self.admission._awaiting_first[self.tenant] += 1
@@ -134,6 +144,17 @@ class Ticket:
             self.first_token()
             self.released = True
             self.admission._release(self.tenant)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """What a queued request waits on: the future its ticket arrives in, and whether it streams."""
+
+    future: asyncio.Future
+    stream: bool = False
+
+    def done(self) -> bool:
+        return self.future.done()
 
 
 @dataclass
@@ -214,10 +235,8 @@ class Admission:
         share = self.slots * weight / sum(self.weights.get(t, 1.0) for t in present)
         if self._held[tenant] + 1 <= share:
             return True
-        if any(n for t, n in self._awaiting_first.items() if t != tenant):
-            # Another tenant's request waits for its first token: a new prefill of this tenant's
-            # would share (and lengthen) the engine step that computes it.
-            return False
+        if self._awaiting_first[tenant] >= PREFILLS_BEYOND_SHARE:
+            return False  # its refills trickle in: no long burst step for a newcomer to wait behind
         return self.slots - self.active - 1 >= reserve
 
     def queue_cap(self) -> int:
@@ -243,7 +262,7 @@ class Admission:
             self._deadlines.popleft()
             self._queue.remove(entry)
             self._gauge(entry.tenant)
-            entry.item.set_exception(
+            entry.item.future.set_exception(
                 self._reject(
                     "queue_timeout",
                     f"waited {now - entry.deadline + self.max_wait_s:.1f} s for an engine slot "
@@ -272,14 +291,18 @@ class Admission:
         self._arm()
 
     # ------------------------------------------------------------------ admission
-    async def acquire(self, tenant: str = DEFAULT_TENANT, priority: int = 0) -> Ticket:
+    async def acquire(self, tenant: str = DEFAULT_TENANT, priority: int = 0, *, stream: bool = False) -> Ticket:
+        """An engine slot for `tenant`, now or after waiting in fair order. `stream`: the response
+        streams, so the ticket awaits its first token from admission on (`Ticket.expect_first_token`)."""
         if self.draining:
             raise self._reject("draining", "the server is shutting down; send the request to another instance", 5, tenant)
         now = self.clock()
         self._seen[tenant] = now
         self._wake()  # expired waiters out; anyone a freed slot or a lifted cap lets in
         if self._has_slot() and self._eligible(tenant):
-            return self._admit(tenant, now)
+            TENANT_WAIT.labels(tenant=tenant_label(tenant)).observe(0.0)
+            count(tenant, "admitted")
+            return self._hand(tenant, stream)
         if self._queue.waiting(tenant) >= self.queue_cap() and self.queue_cap() < self.queue_size:
             raise self._reject(
                 "tenant_queue_full",
@@ -299,38 +322,36 @@ class Admission:
             )
         waiter: asyncio.Future = asyncio.get_running_loop().create_future()
         deadline = now + self.max_wait_s if self.max_wait_s is not None else None
-        entry = self._queue.push(tenant, waiter, priority, deadline)
+        entry = self._queue.push(tenant, _Waiter(waiter, stream), priority, deadline)
         if deadline is not None:
             self._deadlines.append(entry)  # deadlines come in arrival order (one max_wait_s)
             self._arm()
         self._gauge(tenant)
         try:
-            await waiter
+            ticket: Ticket = await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._release(tenant)  # the slot handed to us goes to the next waiter
+                waiter.result().release()  # the slot handed to us goes to the next waiter
             elif not waiter.done():
                 waiter.cancel()
             if self._queue.remove(entry):
                 self._gauge(tenant)
             raise
-        waited = self.clock() - now
-        TENANT_WAIT.labels(tenant=tenant_label(tenant)).observe(waited)
+        ticket.waited_s = self.clock() - now
+        TENANT_WAIT.labels(tenant=tenant_label(tenant)).observe(ticket.waited_s)
         count(tenant, "admitted")
-        # _wake() already counted this request as active when it handed over the slot.
-        return Ticket(self, self.clock(), tenant, waited)
+        return ticket
 
-    def _admit(self, tenant: str, now: float) -> Ticket:
-        self._hand(tenant)
-        TENANT_WAIT.labels(tenant=tenant_label(tenant)).observe(0.0)
-        count(tenant, "admitted")
-        return Ticket(self, now, tenant)
-
-    def _hand(self, tenant: str) -> None:
+    def _hand(self, tenant: str, stream: bool) -> Ticket:
+        """The slot is the ticket's from here on (counted before the waiter runs again)."""
         self.active += 1
         self._held[tenant] += 1
         IN_ENGINE.set(self.active)
         TENANT_IN_ENGINE.labels(tenant=tenant_label(tenant)).set(self._held[tenant])
+        ticket = Ticket(self, self.clock(), tenant)
+        if stream:
+            ticket.expect_first_token()
+        return ticket
 
     def _release(self, tenant: str = DEFAULT_TENANT) -> None:
         self.active = max(0, self.active - 1)
@@ -361,8 +382,7 @@ class Admission:
             self._gauge(entry.tenant)
             if entry.item.done():
                 continue
-            self._hand(entry.tenant)  # the slot is handed over before the waiter runs again
-            entry.item.set_result(None)
+            entry.item.future.set_result(self._hand(entry.tenant, entry.item.stream))
         QUEUE_DEPTH.set(self.waiting)
 
     async def wait_idle(self, timeout_s: float) -> bool:

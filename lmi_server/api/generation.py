@@ -72,7 +72,8 @@ async def admit(request: Request, state, *, lmi: bool = False, parsed: Any = Non
                 max(1, int(-(-decision.retry_after_s // 1))),
                 decision.headers,
             )
-        ticket = await until_disconnect(admission.acquire(tenant, priority), request)
+        stream = bool(getattr(parsed, "stream", False))
+        ticket = await until_disconnect(admission.acquire(tenant, priority, stream=stream), request)
     except Rejected as exc:
         if exc.status == 429:
             log.info("admission: tenant %s refused: %s", tenant, exc.reason)
@@ -85,8 +86,6 @@ async def yielding(body: AsyncIterator[Any], ticket: Any = None) -> AsyncIterato
     already done does not give the event loop a turn, so a stream whose source is always ready
     (a fast engine) could otherwise hold the loop: timers (queue-wait deadlines), other responses
     and new connections would wait for it. The admission ticket hears of the first chunk."""
-    if ticket is not None:
-        ticket.expect_first_token()
     async for chunk in body:
         if ticket is not None:
             ticket.first_token()

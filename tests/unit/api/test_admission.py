@@ -310,34 +310,6 @@ def test_added_slots_keep_a_lone_tenant_at_the_batch_size_and_start_others_at_on
     run(scenario())
 
 
-def test_a_flood_waits_while_another_tenants_stream_has_no_first_token():
-    """Beyond its share, a flooding tenant's next request is not handed a slot while another
-    tenant's stream waits for its first token (the new prefill would share that engine step)."""
-
-    async def scenario():
-        adm = Admission(queue_size=100, slots=10, policy="fair", reserved_slots=2)
-        adm._seen["B"] = adm.clock()
-        a = [asyncio.create_task(adm.acquire("A")) for _ in range(12)]
-        await asyncio.sleep(0)
-        assert adm.held("A") == 8  # beyond its share of 5, A leaves the 2 reserved slots free
-        b = await asyncio.wait_for(adm.acquire("B"), 1)
-        b.expect_first_token()
-        running = [t.result() for t in a if t.done()]
-        running[0].release()
-        running[1].release()  # two slots free: one would go to A (2 stay free) but B has no first token yet
-        await asyncio.sleep(0)
-        assert adm.held("A") == 6 and adm.active == 7
-        b.first_token()  # B's first chunk: A's next request takes the slot
-        await asyncio.sleep(0)
-        assert adm.held("A") == 7 and adm.active == 8
-        b.release()
-        for t in a:
-            t.cancel()
-        await asyncio.gather(*a, return_exceptions=True)
-
-    run(scenario())
-
-
 def test_a_released_ticket_clears_its_first_token_wait():
     async def scenario():
         adm = Admission(queue_size=10, slots=4, policy="fair", reserved_slots=1)
@@ -348,5 +320,69 @@ def test_a_released_ticket_clears_its_first_token_wait():
         assert not adm._awaiting_first
         t.first_token()
         assert not adm._awaiting_first
+
+    run(scenario())
+
+
+def test_a_streamed_request_awaits_its_first_token_from_admission():
+    """A stream's wait for its first token starts when it is admitted, before its response starts:
+    a flood's refill admitted while the newcomer is still being prepared would precede its prefill."""
+
+    async def scenario():
+        adm = Admission(queue_size=10, slots=4, policy="fair", reserved_slots=1)
+        streamed = await adm.acquire("B", stream=True)
+        plain = await adm.acquire("C")
+        assert adm._awaiting_first == {"B": 1}
+        streamed.expect_first_token()  # the response starting later changes nothing
+        assert adm._awaiting_first == {"B": 1}
+        streamed.first_token()
+        assert not adm._awaiting_first
+        streamed.release()
+        plain.release()
+
+    run(scenario())
+
+
+def test_beyond_its_share_a_flood_refills_one_prefill_at_a_time():
+    """Beyond its share, a streaming flood gets a slot only while none of its requests awaits its
+    first token: its refills enter the engine one per step, not as one long burst step."""
+
+    async def scenario():
+        adm = Admission(queue_size=100, slots=10, policy="fair", reserved_slots=2)
+        adm._seen["B"] = adm.clock()
+        a = [asyncio.create_task(adm.acquire("A", stream=True)) for _ in range(12)]
+        await asyncio.sleep(0)
+        assert adm.held("A") == 5  # its share (of 10, B present) at once
+
+        def admitted():
+            return [t.result() for t in a if t.done()]
+
+        for held in (6, 7, 8):
+            for t in admitted():
+                t.first_token()
+            await asyncio.sleep(0)
+            assert adm.held("A") == held  # one more per first token, up to the reserve
+        for t in admitted():
+            t.first_token()
+        await asyncio.sleep(0)
+        assert adm.held("A") == 8  # the 2 reserved slots stay free
+        running = admitted()
+        for t in running[-3:]:
+            t.release()  # three slots beyond the share free at once
+        await asyncio.sleep(0)
+        assert adm.held("A") == 6  # one refill, not three
+        refill = [t for t in admitted() if t not in running]
+        assert len(refill) == 1 and refill[0].awaiting_first
+        refill[0].first_token()
+        await asyncio.sleep(0)
+        assert adm.held("A") == 7
+        adm._seen.clear()  # alone again: every free slot at once
+        for t in running[:-3]:
+            t.release()
+        await asyncio.sleep(0)
+        assert all(t.done() for t in a) and adm.held("A") == 4  # both last requests in together
+        for t in a:
+            t.cancel()
+        await asyncio.gather(*a, return_exceptions=True)
 
     run(scenario())
