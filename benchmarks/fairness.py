@@ -194,7 +194,7 @@ def plot(doc: dict, out: Path) -> None:
 
     runs = doc["runs"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    groups = [("A idle", p, runs[p]["A_idle"]) for p in runs] + [(f"flood, {p}", p, runs[p]["flood"]) for p in runs]
+    groups = [(f"A idle, {p}", p, runs[p]["A_idle"]) for p in runs] + [(f"flood, {p}", p, runs[p]["flood"]) for p in runs]
     labels, xs = [], []
     for j, (label, _, phase) in enumerate(groups):
         for k, (t, stat) in enumerate([(t, s) for t in ("B", "C") for s in ("ttft_p50_s", "ttft_p99_s")]):
