@@ -12,7 +12,7 @@ from lmi_server.api.generation import admit, as_response, call_serving, engine_s
 from lmi_server.api.lmi_formatters import apply_payload_formatter
 from lmi_server.api.admission import BadPriority
 from lmi_server.api.tenants import body_priority
-from lmi_server.kvcache.blend.settings import request_ratio
+from lmi_server.kvcache.blend.settings import prompt_boundaries, request_boundaries, request_ratio
 
 router = APIRouter()
 
@@ -26,7 +26,13 @@ def parse_request(model_cls, body):
         except BadPriority as exc:
             raise APIError(400, str(exc)) from None
     try:
-        request_ratio(body.get("kv_transfer_params"), 0.0)
+        params = body.get("kv_transfer_params")
+        request_ratio(params, 0.0)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt_boundaries(params, len(prompt))  # token ids: the offsets are checked here
+        else:
+            request_boundaries(params)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
     try:

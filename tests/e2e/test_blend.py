@@ -86,3 +86,45 @@ def test_a_bad_per_request_ratio_is_a_400_and_the_server_keeps_serving(blend_ser
         "kv_transfer_params": {"lmi_blend_recompute_ratio": 1.5}}, timeout=60)
     assert r.status_code == 400 and "lmi_blend_recompute_ratio" in r.text
     assert complete(blend_server, prompt([1, 0, 2]))["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_documents_cut_where_the_request_says_are_reused_without_a_separator(blend_server):
+    """kv_transfer_params.lmi_blend_boundaries: a token-id prompt with no separator, cut at the
+    offsets the request gives; its documents are found again in another order."""
+    docs = documents()
+
+    def token_ids(text: str) -> list[int]:
+        r = complete(blend_server, text, max_tokens=1, return_token_ids=True, cache_salt="tokenize-only")
+        return r["choices"][0]["prompt_token_ids"]
+
+    pieces = [token_ids(d)[1:] for d in docs]  # without the BOS each prompt starts with
+    head, query = token_ids("Notes:")[:2], token_ids("def parse_known_args(self, args=None")[1:]
+
+    def build(order):
+        ids, starts = list(head), []
+        for i in order:
+            starts.append(len(ids))
+            ids += pieces[i]
+        starts.append(len(ids))
+        return ids, starts
+
+    ids, starts = build([0, 1, 2])
+    first = complete(blend_server, ids + query, kv_transfer_params={"lmi_blend_boundaries": starts})
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    ids, starts = build([1, 2, 0])
+    plain = complete(blend_server, ids + query)  # no separator, no boundaries: only the prefix could match
+    assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] < 300
+    cut = complete(blend_server, ids + query, kv_transfer_params={"lmi_blend_boundaries": starts})
+    assert cut["usage"]["prompt_tokens_details"]["cached_tokens"] > 0.5 * cut["usage"]["prompt_tokens"], cut["usage"]
+
+
+@pytest.mark.parametrize("boundaries, words", [
+    ([5, 3], "strictly increasing"),
+    ([2, "x"], "token offset"),
+    ([10**6], "past the prompt"),
+])
+def test_bad_document_boundaries_are_a_400(blend_server, boundaries, words):
+    r = httpx.post(blend_server.base_url + "/v1/completions", json={
+        "model": "lmi-demo", "prompt": list(range(1, 600)), "max_tokens": 1,
+        "kv_transfer_params": {"lmi_blend_boundaries": boundaries}}, timeout=60)
+    assert r.status_code == 400 and "lmi_blend_boundaries" in r.text and words in r.text, r.text

@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from lmi_server.kvcache.blend.recompute import validate_ratio
-from lmi_server.kvcache.blend.segments import DEFAULT_CHUNK_SIZE, Segment, SegmentationError, Separator, split_at_separator
+from lmi_server.kvcache.blend.segments import (
+    DEFAULT_CHUNK_SIZE,
+    Segment,
+    SegmentationError,
+    Separator,
+    split_at_boundaries,
+    split_at_separator,
+)
 
 DEFAULT_MIN_REUSED_TOKENS = 256
 """Below this many reused tokens the plain path is cheaper than blending (LMCache's `blend_min_tokens`)."""
@@ -108,15 +115,20 @@ def plan_prompt(
     recompute_ratio: float,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     min_reused_tokens: int = DEFAULT_MIN_REUSED_TOKENS,
+    boundaries: Sequence[int] | None = None,
 ) -> BlendPlan | None | _Pending:
-    """The plan for `token_ids`, PENDING while a segment's lookup has not answered, or None where
+    """The plan for `token_ids`, cut at the document `boundaries` the request gave, else at the
+    separator; PENDING while a segment's lookup has not answered, or None where
     blending would not pay (fewer than two segments: prefix caching covers one; or fewer than
     `min_reused_tokens` reused). A lookup's answer that is not whole chunks of the segment (or
     the whole segment) is a SegmentationError: the cache and the plan disagree on the chunk size."""
     validate_ratio(recompute_ratio)
     if chunk_size <= 0:
         raise SegmentationError(f"chunk_size must be positive, got {chunk_size}")
-    segments = split_at_separator(token_ids, separator)
+    if boundaries is not None:
+        segments = split_at_boundaries(token_ids, boundaries)
+    else:
+        segments = split_at_separator(token_ids, separator)
     if len(segments) < 2:
         return None
     answers: list[int | None] = [lookup(seg.token_ids) if len(seg) >= chunk_size else 0 for seg in segments]

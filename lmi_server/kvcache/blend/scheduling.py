@@ -1,7 +1,8 @@
 """The scheduler's half of blending: which prompts to blend, what the worker does for each, and
 what vLLM is told.
 
-For every new request the connector asks `decide`: the prompt is cut at the separator and each
+For every new request the connector asks `decide`: the prompt is cut at the separator (or at the
+document boundaries the request gives, `kv_transfer_params.lmi_blend_boundaries`) and each
 segment looked up in the segment store (`store.py`). Where the cached segments cover at least
 `min_reused_tokens` more than LMCache's prefix hit, the request is *blended*: the connector
 reports every prompt token but the last as loaded synchronously, vLLM allocates blocks for the
@@ -22,7 +23,7 @@ from typing import Any
 
 from lmi_server.kvcache.blend.plan import BlendPlan, SegmentReuse, plan_prompt
 from lmi_server.kvcache.blend.segments import Separator, key_salt
-from lmi_server.kvcache.blend.settings import BlendConfig, request_ratio
+from lmi_server.kvcache.blend.settings import BlendConfig, prompt_boundaries, request_ratio
 from lmi_server.kvcache.blend.store import SegmentStore
 
 logger = logging.getLogger("lmi_server.kvcache.blend")
@@ -97,13 +98,18 @@ class BlendScheduler:
         if len(prompt) != request.num_tokens:
             return None  # resumed with output tokens: the plain path
         salt = self.salt(request)
+        params = getattr(request, "kv_transfer_params", None)
         try:
-            ratio = request_ratio(getattr(request, "kv_transfer_params", None), self.config.recompute_ratio)
-        except ValueError:
-            return None  # the API refuses it with a 400; a request from elsewhere is served as usual
+            ratio = request_ratio(params, self.config.recompute_ratio)
+            boundaries = prompt_boundaries(params, len(prompt))
+        except ValueError as exc:
+            # The API refuses these with a 400 where it can (offsets past a text prompt's end are
+            # known only here): served as usual, and said so.
+            logger.warning("request %s is not blended: %s", request_id, exc)
+            return None
         plan = plan_prompt(
             prompt, self.separator, lambda ids: self.store.cached_tokens(ids, salt),
-            recompute_ratio=ratio, chunk_size=self.config.chunk_size, min_reused_tokens=0,
+            recompute_ratio=ratio, chunk_size=self.config.chunk_size, min_reused_tokens=0, boundaries=boundaries,
         )
         if not isinstance(plan, BlendPlan):
             return None

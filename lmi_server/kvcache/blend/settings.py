@@ -27,6 +27,40 @@ RATIO_PARAM = "lmi_blend_recompute_ratio"
 """A request's own recompute ratio, in its `kv_transfer_params` (vLLM's per-request connector field)."""
 
 
+BOUNDARIES_PARAM = "lmi_blend_boundaries"
+"""A request's own document boundaries, in its `kv_transfer_params`: the prompt token offsets where
+its documents start (then used instead of the separator)."""
+MAX_BOUNDARIES = 1024
+
+
+def request_boundaries(kv_transfer_params: Any) -> tuple[int, ...] | None:
+    """The document boundaries one request gives (`kv_transfer_params.lmi_blend_boundaries`), None
+    where it gives none; ValueError naming the field where they are not strictly increasing
+    non-negative token offsets. Whether they lie inside the prompt is known only once it is
+    tokenized (`prompt_boundaries`)."""
+    if not isinstance(kv_transfer_params, dict) or kv_transfer_params.get(BOUNDARIES_PARAM) is None:
+        return None
+    value = kv_transfer_params[BOUNDARIES_PARAM]
+    field_name = f"kv_transfer_params.{BOUNDARIES_PARAM}"
+    if not isinstance(value, list) or len(value) > MAX_BOUNDARIES:
+        raise ValueError(f"{field_name} must be a list of at most {MAX_BOUNDARIES} token offsets")
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value):
+        raise ValueError(f"{field_name}: {str(value)[:60]} holds something that is not a token offset (an integer >= 0)")
+    if any(b <= a for a, b in zip(value, value[1:])):
+        raise ValueError(f"{field_name}: {str(value)[:60]} is not strictly increasing")
+    return tuple(value)
+
+
+def prompt_boundaries(kv_transfer_params: Any, prompt_len: int) -> tuple[int, ...] | None:
+    """`request_boundaries`, also checked against the tokenized prompt (ValueError past its end)."""
+    boundaries = request_boundaries(kv_transfer_params)
+    if boundaries and boundaries[-1] > prompt_len:
+        raise ValueError(
+            f"kv_transfer_params.{BOUNDARIES_PARAM}: offset {boundaries[-1]} lies past the prompt's {prompt_len} tokens"
+        )
+    return boundaries
+
+
 def request_ratio(kv_transfer_params: Any, default: float) -> float:
     """The recompute ratio one request asks for (`kv_transfer_params.lmi_blend_recompute_ratio`), else
     the server's; ValueError naming the field where it is not a number in [0, 1]."""

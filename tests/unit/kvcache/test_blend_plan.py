@@ -98,3 +98,13 @@ def test_an_answer_that_is_not_whole_chunks_of_the_segment_is_an_error(answer):
 def test_a_bad_ratio_is_refused():
     with pytest.raises(ValueError):
         plan_prompt(prompt(DOC_A, DOC_C), SEP, cache_of(), recompute_ratio=1.5, chunk_size=CHUNK)
+
+
+def test_boundaries_the_request_gives_replace_the_separator():
+    lookup = cache_of(DOC_A, DOC_B)
+    tokens = DOC_B + DOC_A + [5, 6]
+    assert plan_prompt(tokens, SEP, lookup, recompute_ratio=0.0, chunk_size=CHUNK, min_reused_tokens=1) is None
+    plan = plan_prompt(tokens, SEP, lookup, recompute_ratio=0.0, chunk_size=CHUNK, min_reused_tokens=1,
+                       boundaries=[0, 10, 18])
+    assert [(s.start, s.length, s.cached) for s in plan.segments] == [(0, 10, 8), (10, 8, 8), (18, 2, 0)]
+    assert plan.reused_tokens == 16

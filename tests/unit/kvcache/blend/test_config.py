@@ -136,3 +136,28 @@ def test_a_quoted_separator_keeps_its_spaces_through_serving_properties(tmp_path
     assert build_serving_config({"option.lmcache_blend_separator": "##"}, tmp_path).lmcache.lmcache_blend_separator == "##"
     with pytest.raises(ConfigError, match="JSON string"):
         build_serving_config({"option.lmcache_blend_separator": '"\\x"'}, tmp_path)
+
+
+@pytest.mark.parametrize("value, words", [
+    ([4, 4], "strictly increasing"),
+    ([-1, 3], "token offset"),
+    ([1.5], "token offset"),
+    ([True], "token offset"),
+    ("0,5", "list"),
+    (list(range(2000)), "at most"),
+])
+def test_bad_request_boundaries_name_the_field(value, words):
+    from lmi_server.kvcache.blend.settings import request_boundaries
+
+    with pytest.raises(ValueError, match=words) as err:
+        request_boundaries({"lmi_blend_boundaries": value})
+    assert "kv_transfer_params.lmi_blend_boundaries" in str(err.value)
+
+
+def test_request_boundaries_are_checked_against_the_prompt():
+    from lmi_server.kvcache.blend.settings import prompt_boundaries, request_boundaries
+
+    assert request_boundaries(None) is None and request_boundaries({"other": 1}) is None
+    assert prompt_boundaries({"lmi_blend_boundaries": [0, 3, 9]}, 9) == (0, 3, 9)
+    with pytest.raises(ValueError, match="past the prompt's 9 tokens"):
+        prompt_boundaries({"lmi_blend_boundaries": [3, 10]}, 9)

@@ -106,3 +106,37 @@ def test_what_stays_on_the_usual_path(tmp_path):
     assert not sched.jobs(new_step("one", [1], 0, 11))
     assert scheduler(tmp_path, min_reused=100).decide(request("few", ids), 0) is None
     assert sched.decide(request("ok", ids), 0) == len(ids) - 1
+
+
+def test_documents_cut_where_the_request_says_are_reused_without_a_separator(tmp_path):
+    """`kv_transfer_params.lmi_blend_boundaries`: the prompt is cut at the offsets the request gives
+    (no separator in it), and its documents are found again in another order."""
+    sched = scheduler(tmp_path)
+
+    def plain(order):
+        ids, starts = [], []
+        for i in order:
+            starts.append(len(ids))
+            ids += DOCS[i]
+        starts.append(len(ids))
+        return ids + QUERY, starts
+
+    ids, starts = plain([0, 1, 2])
+    first = request("b1", ids)
+    first.kv_transfer_params = {"lmi_blend_boundaries": starts}
+    assert sched.decide(first, 0) is None
+    (job,) = sched.jobs(new_step("b1", [1, 2, 3], 0, len(ids)))
+    assert [(s, l) for s, l, _ in job.segments] == [(0, 9), (9, 8), (17, 10)]
+    store_job_kv(sched, job)
+
+    ids, starts = plain([2, 0, 1])
+    again = request("b2", ids)
+    assert sched.decide(again, 0) is None  # no separator, no boundaries: one segment, the usual path
+    again.kv_transfer_params = {"lmi_blend_boundaries": starts}
+    assert sched.decide(again, 0) == len(ids) - 1
+    (job,) = sched.jobs(new_step("b2", [4, 5, 6, 7], len(ids) - 1, 1))
+    assert [(s, l, c) for s, l, c in job.segments] == [(0, 10, 10), (10, 9, 9), (19, 8, 8), (27, 2, 0)]
+
+    past_the_end = request("b3", ids)
+    past_the_end.kv_transfer_params = {"lmi_blend_boundaries": [3, len(ids) + 1]}
+    assert sched.decide(past_the_end, 0) is None  # the API refuses it where it can; here: the usual path
