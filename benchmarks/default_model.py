@@ -7,9 +7,10 @@ without and with its shipped EAGLE head, measured side by side in one run.
     python benchmarks/default_model.py --modes plain eagle ngram --concurrency 1 4 16 --name default_model_spec
 
 Each mode starts `lmi-server serve` with no model option (the default assistant, as `make serve`);
-"eagle" adds only `OPTION_SPECULATIVE_METHOD=eagle` (the server then uses the draft head shipped
-for the built-in model), "ngram" only `OPTION_SPECULATIVE_METHOD=ngram` (prompt lookup); "bfloat16" / "float32" set only `OPTION_DTYPE`. Greedy streamed chat requests (held-out questions, never seen in the
-draft's training) run at each concurrency level. Recorded: output tokens/s over the level, mean
+"eagle" / "eagle3" add only `OPTION_SPECULATIVE_METHOD` (the server then uses the draft head
+shipped for the built-in model; "eagle3_kN" also sets `OPTION_NUM_SPECULATIVE_TOKENS=N`), "ngram" only `OPTION_SPECULATIVE_METHOD=ngram` (prompt lookup); "bfloat16" / "float32" set only `OPTION_DTYPE`. Greedy streamed chat requests (held-out questions, never seen in the
+drafts' training: none is in the EAGLE-1 kit nor in the assistant corpus the EAGLE-3 head learned
+from) run at each concurrency level. Recorded: output tokens/s over the level, mean
 inter-token latency and time to first token per request, and, for EAGLE, the acceptance rate and
 mean acceptance length from vLLM's counters on /metrics (diffed around each level).
 """
@@ -37,12 +38,16 @@ QUESTIONS = [
     "Give me two tips for writing clear emails.", "What is photosynthesis?", "How does a bicycle stay upright?",
     "What is the difference between RAM and a hard drive?", "Explain what a function is in programming.",
     "What are the three states of water?", "How can I improve my sleep?", "What is an atom made of?",
-    "Write a haiku about autumn leaves.", "What does HTTP stand for?", "Why is the ocean salty?",
-    "How do I sort a dictionary by value in Python?", "What is the role of the heart in the body?",
+    "Write a haiku about a winter morning.", "What does HTTP stand for?", "Why is the ocean salty?",
+    "How do I merge two dictionaries in Python?", "What is the role of the heart in the body?",
 ]
 MODES = {  # the only environment each mode adds to `make serve`'s
     "plain": {},
     "eagle": {"OPTION_SPECULATIVE_METHOD": "eagle"},
+    "eagle3": {"OPTION_SPECULATIVE_METHOD": "eagle3"},
+    "eagle3_k1": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "1"},
+    "eagle3_k2": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "2"},
+    "eagle3_k4": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "4"},
     "ngram": {"OPTION_SPECULATIVE_METHOD": "ngram"},
     "bfloat16": {"OPTION_DTYPE": "bfloat16"},
     "float32": {"OPTION_DTYPE": "float32"},

@@ -388,22 +388,26 @@ def default_engine_memory(
         raise ConfigError([str(exc)]) from exc
 
 
-def builtin_draft(source: str) -> str | None:
-    """The EAGLE head shipped for a built-in model, when there is one."""
-    if source == "demo":
-        from lmi_server.demo.builder import kit_draft_dir as find
+def builtin_draft(source: str, method: str = "eagle") -> str | None:
+    """The draft head shipped for a built-in model and speculative method, when there is one."""
+    if source == "demo" and method == "eagle":
+        from lmi_server.demo.builder import kit_draft_dir
+
+        found = kit_draft_dir()
     elif source == "assistant":
-        from lmi_server.demo.assistant import draft_dir as find
+        from lmi_server.demo.assistant import draft_dir
+
+        found = draft_dir(method)
     else:
         return None
-    found = find()
     return str(found) if found is not None else None
 
 
 def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, build_demo: bool) -> dict[str, Any] | None:
     from lmi_server.speculative import SpeculativeConfigError, build_speculative_config
 
-    default_draft = builtin_draft(cfg.model.source) if cfg.speculative.speculative_method == "eagle" else None
+    method = cfg.speculative.speculative_method
+    default_draft = builtin_draft(cfg.model.source, method) if method in ("eagle", "eagle3") else None
     try:
         return build_speculative_config(cfg, str(engine_args["model"]), default_draft)
     except SpeculativeConfigError as exc:

@@ -185,7 +185,7 @@ def make_head(tcfg, draft_vocab: int, n_aux: int = 3):
             r = self.down_proj(nn.functional.silu(self.gate_proj(n)) * self.up_proj(n)) + r
             return r, self.lm_head(self.norm(r))
 
-        def state_for_vllm(self, d2t, t2d) -> dict:
+        def state_for_vllm(self, d2t, t2d, dtype=None) -> dict:
             p = "midlayer."
             sd = {"fc.weight": self.fc.weight, "norm.weight": self.norm.weight, "lm_head.weight": self.lm_head.weight}
             for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -194,7 +194,7 @@ def make_head(tcfg, draft_vocab: int, n_aux: int = 3):
                 sd[f"{p}mlp.{n}.weight"] = getattr(self, n).weight
             for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
                 sd[f"{p}{n}.weight"] = getattr(self, n).weight
-            out = {k: v.detach().float().clone().contiguous() for k, v in sd.items()}
+            out = {k: v.detach().to(dtype or torch.float32).clone().contiguous() for k, v in sd.items()}
             out["d2t"] = d2t.clone().long().contiguous()
             out["t2d"] = t2d.clone().bool().contiguous()
             return out
@@ -369,7 +369,7 @@ def evaluate(head, target, feats, K: int, t2dmap, d2t_abs) -> dict:
 # save
 
 
-def draft_config(tcfg, draft_vocab: int, aux_layers: list[int]) -> dict:
+def draft_config(tcfg, draft_vocab: int, aux_layers: list[int], dtype: str = "float32") -> dict:
     cfg = tcfg.to_dict()
     for k in ("_name_or_path", "torch_dtype", "dtype", "transformers_version"):
         cfg.pop(k, None)
@@ -380,21 +380,25 @@ def draft_config(tcfg, draft_vocab: int, aux_layers: list[int]) -> dict:
         "tie_word_embeddings": False,
         "draft_vocab_size": draft_vocab,
         "target_hidden_size": tcfg.hidden_size,
-        "torch_dtype": "float32",
+        "torch_dtype": dtype,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers), "use_aux_hidden_state": True},
     })
     return cfg
 
 
-def save_head(head, tcfg, out: Path, d2t, t2d, aux_layers: list[int], record: dict) -> None:
+def save_head(head, tcfg, out: Path, d2t, t2d, aux_layers: list[int], record: dict, dtype: str = "float32") -> None:
+    """The head in the layout vLLM loads; weights in `dtype` (bfloat16 halves what is shipped; vLLM
+    casts them to the engine's dtype on load), the vocabulary maps as they are."""
+    import torch
+
     from safetensors.torch import save_file
 
     out = out.resolve()
     if out == PROTECTED.resolve() or PROTECTED.resolve() in out.parents:
         raise SystemExit(f"refusing to write under {PROTECTED}")
     out.mkdir(parents=True, exist_ok=True)
-    save_file(head.state_for_vllm(d2t, t2d), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(draft_config(tcfg, int(d2t.numel()), aux_layers), indent=2) + "\n")
+    save_file(head.state_for_vllm(d2t, t2d, getattr(torch, dtype)), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(draft_config(tcfg, int(d2t.numel()), aux_layers, dtype), indent=2) + "\n")
     (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -492,6 +496,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--unroll", type=int, default=3, help="train-time draft steps (= num_speculative_tokens)")
     ap.add_argument("--feature-dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--save-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights as saved")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--aux-layers", default="", help="comma-separated; default vLLM's (2, N//2, N-3)")
@@ -634,7 +639,8 @@ def main() -> None:
         "heldout": ev,
         "params": sum(p.numel() for p in head.parameters()),
     }
-    save_head(head, tcfg, out, d2t, t2d, aux_layers, record)
+    record["saved_dtype"] = args.save_dtype
+    save_head(head, tcfg, out, d2t, t2d, aux_layers, record, args.save_dtype)
     log(f"saved {out}")
     if args.check_vllm:
         args.out = str(out)

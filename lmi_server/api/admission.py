@@ -66,13 +66,14 @@ TENANT_WAIT = Histogram(
 )
 
 TICKET_KEY = "lmi_admission_ticket"
-PREFILLS_BEYOND_SHARE = 1
-"""Requests a tenant beyond its share may have between admission and first token (fair policy,
-others present): its refills then enter the engine one prefill per step instead of a burst of a
-whole batch's worth in one long step, which a newcomer arriving meanwhile would wait behind."""
 HEADERS_KEY = "lmi_response_headers"
 PRESENCE_S = 60.0
 """A tenant counts as present this long after its last request (for slot reservation)."""
+PREFILLS_BEYOND_SHARE = 1
+"""Fair policy, others present: a tenant beyond its share takes a slot only while fewer of its
+streamed requests than this await their first token. Its refills then enter the engine one
+prefill per step instead of a whole batch's worth in one long step, which a newcomer arriving
+meanwhile would wait behind."""
 MAX_TENANT_LABELS = 100
 
 

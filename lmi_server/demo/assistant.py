@@ -121,7 +121,15 @@ def adapters_dir() -> Path:
     return ASSETS_DIR / "adapters"
 
 
-def draft_dir() -> Path | None:
-    """The EAGLE-1 draft head trained for the default assistant, when shipped."""
-    d = ASSETS_DIR / "eagle"
+DRAFT_DIRS = {"eagle": "eagle", "eagle3": "eagle3"}
+"""Speculative method -> the draft head trained for the default assistant (scripts/eagle_draft.py,
+scripts/train_eagle3.py), under ASSETS_DIR."""
+
+
+def draft_dir(method: str = "eagle") -> Path | None:
+    """The draft head shipped for the default assistant and `method`, when there is one."""
+    name = DRAFT_DIRS.get(method)
+    if name is None:
+        return None
+    d = ASSETS_DIR / name
     return d if (d / "config.json").is_file() and (d / "model.safetensors").is_file() else None
