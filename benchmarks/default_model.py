@@ -47,6 +47,7 @@ MODES = {  # the only environment each mode adds to `make serve`'s
     "eagle3": {"OPTION_SPECULATIVE_METHOD": "eagle3"},
     "eagle3_k1": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "1"},
     "eagle3_k2": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "2"},
+    "eagle3_k3": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "3"},
     "eagle3_k4": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "4"},
     "ngram": {"OPTION_SPECULATIVE_METHOD": "ngram"},
     "bfloat16": {"OPTION_DTYPE": "bfloat16"},

@@ -404,12 +404,17 @@ def builtin_draft(source: str, method: str = "eagle") -> str | None:
 
 
 def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, build_demo: bool) -> dict[str, Any] | None:
-    from lmi_server.speculative import SpeculativeConfigError, build_speculative_config
+    from lmi_server.speculative import DEFAULT_SPECULATIVE_TOKENS, SpeculativeConfigError, build_speculative_config
 
     method = cfg.speculative.speculative_method
     default_draft = builtin_draft(cfg.model.source, method) if method in ("eagle", "eagle3") else None
+    default_tokens = DEFAULT_SPECULATIVE_TOKENS
+    if default_draft is not None and cfg.model.source == "assistant":
+        from lmi_server.demo.assistant import DRAFT_TOKENS
+
+        default_tokens = DRAFT_TOKENS.get(method, default_tokens)
     try:
-        return build_speculative_config(cfg, str(engine_args["model"]), default_draft)
+        return build_speculative_config(cfg, str(engine_args["model"]), default_draft, default_tokens)
     except SpeculativeConfigError as exc:
         raise ConfigError([str(exc)]) from exc
 

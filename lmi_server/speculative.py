@@ -50,8 +50,14 @@ def _resolve_draft(draft: str, model_dir: Path) -> tuple[str, Path | None]:
     return draft, None
 
 
-def requested_config(cfg: ServingConfig, default_draft: str | None = None) -> dict[str, Any] | None:
-    """The speculative config the user asked for (before path resolution), or None."""
+DEFAULT_SPECULATIVE_TOKENS = 3
+
+
+def requested_config(
+    cfg: ServingConfig, default_draft: str | None = None, default_tokens: int = DEFAULT_SPECULATIVE_TOKENS
+) -> dict[str, Any] | None:
+    """The speculative config the user asked for (before path resolution), or None. `default_draft` /
+    `default_tokens`: what a built-in model's shipped head brings when the keys leave them out."""
     spec = cfg.speculative
     from_json = cfg.engine_args.get("speculative_config")
     convenience = any(v is not None for v in (spec.speculative_method, spec.speculative_draft_model, spec.num_speculative_tokens))
@@ -68,7 +74,7 @@ def requested_config(cfg: ServingConfig, default_draft: str | None = None) -> di
         return None
     if spec.speculative_method is None:
         raise SpeculativeConfigError("option.speculative_method is required with option.speculative_draft_model / option.num_speculative_tokens")
-    out: dict[str, Any] = {"method": spec.speculative_method, "num_speculative_tokens": spec.num_speculative_tokens or 3}
+    out: dict[str, Any] = {"method": spec.speculative_method, "num_speculative_tokens": spec.num_speculative_tokens or default_tokens}
     draft = spec.speculative_draft_model or (default_draft if spec.speculative_method in ("eagle", "eagle3") else None)
     if draft is not None:
         out["model"] = draft
@@ -78,9 +84,12 @@ def requested_config(cfg: ServingConfig, default_draft: str | None = None) -> di
     return out
 
 
-def build_speculative_config(cfg: ServingConfig, target_path: str, default_draft: str | None = None) -> dict[str, Any] | None:
+def build_speculative_config(
+    cfg: ServingConfig, target_path: str, default_draft: str | None = None,
+    default_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+) -> dict[str, Any] | None:
     """Validated speculative_config for vLLM (draft path resolved), or None when not asked for."""
-    wanted = requested_config(cfg, default_draft)
+    wanted = requested_config(cfg, default_draft, default_tokens)
     if wanted is None:
         return None
     method = wanted.get("method")

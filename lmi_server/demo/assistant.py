@@ -124,6 +124,9 @@ def adapters_dir() -> Path:
 DRAFT_DIRS = {"eagle": "eagle", "eagle3": "eagle3"}
 """Speculative method -> the draft head trained for the default assistant (scripts/eagle_draft.py,
 scripts/train_eagle3.py), under ASSETS_DIR."""
+DRAFT_TOKENS = {"eagle3": 2}
+"""Tokens drafted per step when option.num_speculative_tokens is unset, chosen by measurement
+(`benchmarks/default_model.py`, results/default_model_spec.json: 2 was fastest at 1 and 4 clients)."""
 
 
 def draft_dir(method: str = "eagle") -> Path | None:

@@ -83,3 +83,20 @@ def test_num_speculative_tokens_range_is_checked_by_the_config_model(model_dir):
 
     with pytest.raises(ConfigError, match="option.num_speculative_tokens"):
         build_serving_config({"option.num_speculative_tokens": "0"}, model_dir)
+
+
+@pytest.mark.parametrize("props, tokens", [({}, 2), ({"option.num_speculative_tokens": "4"}, 4)])
+def test_eagle3_alone_takes_the_assistants_shipped_head(tmp_path, props, tokens):
+    """The default assistant with `option.speculative_method=eagle3` and nothing else: the EAGLE-3 head
+    shipped for it, drafting 2 tokens (measured fastest at 1 and 4 clients) unless the key says."""
+    from lmi_server.runtime import resolve_speculative
+
+    cfg = build_serving_config({"option.speculative_method": "eagle3", **props}, tmp_path / "no-model")
+    assert cfg.model.source == "assistant"
+    target = write_model(tmp_path / "target", {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "vocab_size": 49152})
+    out = resolve_speculative(cfg, {"model": str(target)}, build_demo=False)
+    assert out["method"] == "eagle3" and out["num_speculative_tokens"] == tokens
+    shipped = Path(out["model"])
+    assert shipped.parts[-3:] == ("demo", "assistant", "eagle3")
+    config = json.loads((shipped / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 8192
