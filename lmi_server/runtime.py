@@ -409,7 +409,7 @@ def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, buil
     method = cfg.speculative.speculative_method
     default_draft = builtin_draft(cfg.model.source, method) if method in ("eagle", "eagle3") else None
     default_tokens = DEFAULT_SPECULATIVE_TOKENS
-    if default_draft is not None and cfg.model.source == "assistant":
+    if default_draft is not None and cfg.model.source == "assistant" and not cfg.speculative.speculative_draft_model:
         from lmi_server.demo.assistant import DRAFT_TOKENS
 
         default_tokens = DRAFT_TOKENS.get(method, default_tokens)
