@@ -301,9 +301,7 @@ class Admission:
         self._seen[tenant] = now
         self._wake()  # expired waiters out; anyone a freed slot or a lifted cap lets in
         if self._has_slot() and self._eligible(tenant):
-            TENANT_WAIT.labels(tenant=tenant_label(tenant)).observe(0.0)
-            count(tenant, "admitted")
-            return self._hand(tenant, stream)
+            return self._admitted(self._hand(tenant, stream), 0.0)
         if self._queue.waiting(tenant) >= self.queue_cap() and self.queue_cap() < self.queue_size:
             raise self._reject(
                 "tenant_queue_full",
@@ -338,9 +336,12 @@ class Admission:
             if self._queue.remove(entry):
                 self._gauge(tenant)
             raise
-        ticket.waited_s = self.clock() - now
-        TENANT_WAIT.labels(tenant=tenant_label(tenant)).observe(ticket.waited_s)
-        count(tenant, "admitted")
+        return self._admitted(ticket, self.clock() - now)
+
+    def _admitted(self, ticket: Ticket, waited_s: float) -> Ticket:
+        ticket.waited_s = waited_s
+        TENANT_WAIT.labels(tenant=tenant_label(ticket.tenant)).observe(waited_s)
+        count(ticket.tenant, "admitted")
         return ticket
 
     def _hand(self, tenant: str, stream: bool) -> Ticket:

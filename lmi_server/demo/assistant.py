@@ -121,18 +121,15 @@ def adapters_dir() -> Path:
     return ASSETS_DIR / "adapters"
 
 
-DRAFT_DIRS = {"eagle": "eagle", "eagle3": "eagle3"}
-"""Speculative method -> the draft head trained for the default assistant (scripts/eagle_draft.py,
-scripts/train_eagle3.py), under ASSETS_DIR."""
 DRAFT_TOKENS = {"eagle3": 2}
 """Tokens drafted per step when option.num_speculative_tokens is unset, chosen by measurement
 (`benchmarks/default_model.py`, results/default_model_spec.json: 2 was fastest at 1 and 4 clients)."""
 
 
 def draft_dir(method: str = "eagle") -> Path | None:
-    """The draft head shipped for the default assistant and `method`, when there is one."""
-    name = DRAFT_DIRS.get(method)
-    if name is None:
+    """The draft head shipped for the default assistant and `method` (eagle, eagle3: trained by
+    scripts/eagle_draft.py, scripts/train_eagle3.py, in ASSETS_DIR/<method>), when there is one."""
+    if method not in ("eagle", "eagle3"):
         return None
-    d = ASSETS_DIR / name
+    d = ASSETS_DIR / method
     return d if (d / "config.json").is_file() and (d / "model.safetensors").is_file() else None
