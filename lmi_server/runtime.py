@@ -408,13 +408,14 @@ def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, buil
 
     method = cfg.speculative.speculative_method
     default_draft = builtin_draft(cfg.model.source, method) if method in ("eagle", "eagle3") else None
-    default_tokens = DEFAULT_SPECULATIVE_TOKENS
+    default_tokens, default_schedule = DEFAULT_SPECULATIVE_TOKENS, None
     if default_draft is not None and cfg.model.source == "assistant" and not cfg.speculative.speculative_draft_model:
-        from lmi_server.demo.assistant import DRAFT_TOKENS
+        from lmi_server.demo.assistant import DRAFT_TOKENS, DRAFT_TOKENS_BY_BATCH
 
         default_tokens = DRAFT_TOKENS.get(method, default_tokens)
+        default_schedule = DRAFT_TOKENS_BY_BATCH.get(method)
     try:
-        return build_speculative_config(cfg, str(engine_args["model"]), default_draft, default_tokens)
+        return build_speculative_config(cfg, str(engine_args["model"]), default_draft, default_tokens, default_schedule)
     except SpeculativeConfigError as exc:
         raise ConfigError([str(exc)]) from exc
 

@@ -54,10 +54,12 @@ DEFAULT_SPECULATIVE_TOKENS = 3
 
 
 def requested_config(
-    cfg: ServingConfig, default_draft: str | None = None, default_tokens: int = DEFAULT_SPECULATIVE_TOKENS
+    cfg: ServingConfig, default_draft: str | None = None, default_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+    default_schedule: list[tuple[int, int, int]] | None = None,
 ) -> dict[str, Any] | None:
     """The speculative config the user asked for (before path resolution), or None. `default_draft` /
-    `default_tokens`: what a built-in model's shipped head brings when the keys leave them out."""
+    `default_tokens` / `default_schedule` (draft tokens by batch size): what a built-in model's
+    shipped head brings when the keys leave them out."""
     spec = cfg.speculative
     from_json = cfg.engine_args.get("speculative_config")
     convenience = any(v is not None for v in (spec.speculative_method, spec.speculative_draft_model, spec.num_speculative_tokens))
@@ -75,6 +77,8 @@ def requested_config(
     if spec.speculative_method is None:
         raise SpeculativeConfigError("option.speculative_method is required with option.speculative_draft_model / option.num_speculative_tokens")
     out: dict[str, Any] = {"method": spec.speculative_method, "num_speculative_tokens": spec.num_speculative_tokens or default_tokens}
+    if spec.num_speculative_tokens is None and default_schedule:
+        out["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in default_schedule]
     draft = spec.speculative_draft_model or (default_draft if spec.speculative_method in ("eagle", "eagle3") else None)
     if draft is not None:
         out["model"] = draft
@@ -86,10 +90,10 @@ def requested_config(
 
 def build_speculative_config(
     cfg: ServingConfig, target_path: str, default_draft: str | None = None,
-    default_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+    default_tokens: int = DEFAULT_SPECULATIVE_TOKENS, default_schedule: list[tuple[int, int, int]] | None = None,
 ) -> dict[str, Any] | None:
     """Validated speculative_config for vLLM (draft path resolved), or None when not asked for."""
-    wanted = requested_config(cfg, default_draft, default_tokens)
+    wanted = requested_config(cfg, default_draft, default_tokens, default_schedule)
     if wanted is None:
         return None
     method = wanted.get("method")
@@ -98,6 +102,8 @@ def build_speculative_config(
     n = wanted.get("num_speculative_tokens")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SPECULATIVE_TOKENS:
         raise SpeculativeConfigError(f"num_speculative_tokens={n!r}: expected an integer from 1 to {MAX_SPECULATIVE_TOKENS}")
+    if wanted.get("num_speculative_tokens_per_batch_size") is not None:
+        _check_schedule(wanted["num_speculative_tokens_per_batch_size"], n)
     target_dir = Path(target_path)
     target = _read_config(target_dir) if target_dir.is_dir() else None
 
@@ -121,6 +127,29 @@ def build_speculative_config(
         if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
             raise SpeculativeConfigError(f"ngram needs 1 <= prompt_lookup_min ({lo}) <= prompt_lookup_max ({hi})")
     return wanted
+
+
+def _check_schedule(schedule: Any, most: int) -> None:
+    """Draft tokens by batch size (vLLM's `num_speculative_tokens_per_batch_size`: inclusive ranges
+    `[first, last, tokens]` from batch size 1 on): vLLM's own rules, checked before the engine
+    starts, and no range may draft more than num_speculative_tokens (vLLM would cut it silently)."""
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    try:
+        if not isinstance(schedule, list) or any(
+            not isinstance(entry, list | tuple) or len(entry) != 3 or any(isinstance(x, bool) or not isinstance(x, int) for x in entry)
+            for entry in schedule
+        ):
+            raise ValueError("expected a list of [first batch size, last batch size, draft tokens] integer triples")
+        parsed = validate_and_normalize_dynamic_sd_schedule(schedule)
+    except ValueError as exc:
+        raise SpeculativeConfigError(f"num_speculative_tokens_per_batch_size={schedule!r}: {exc}") from None
+    over = [entry for entry in parsed if entry[2] > most]
+    if over:
+        raise SpeculativeConfigError(
+            f"num_speculative_tokens_per_batch_size={schedule!r}: {over} drafts more than "
+            f"num_speculative_tokens={most}; raise num_speculative_tokens or lower the range's tokens"
+        )
 
 
 def _check_draft_fits(method: str, target: dict[str, Any], draft: dict[str, Any], draft_dir: Path | None) -> None:

@@ -85,10 +85,14 @@ def test_num_speculative_tokens_range_is_checked_by_the_config_model(model_dir):
         build_serving_config({"option.num_speculative_tokens": "0"}, model_dir)
 
 
-@pytest.mark.parametrize("props, tokens", [({}, 2), ({"option.num_speculative_tokens": "4"}, 4)])
-def test_eagle3_alone_takes_the_assistants_shipped_head(tmp_path, props, tokens):
+@pytest.mark.parametrize("props, tokens, by_batch", [
+    ({}, 2, [[1, 2, 2], [3, 8, 1], [9, 4096, 0]]),
+    ({"option.num_speculative_tokens": "4"}, 4, None),
+])
+def test_eagle3_alone_takes_the_assistants_shipped_head(tmp_path, props, tokens, by_batch):
     """The default assistant with `option.speculative_method=eagle3` and nothing else: the EAGLE-3 head
-    shipped for it, drafting 2 tokens (measured fastest at 1 and 4 clients) unless the key says."""
+    shipped for it, drafting 2 tokens at 1-2 running requests, 1 at 3-8 and none above (measured),
+    unless the key says how many."""
     from lmi_server.runtime import resolve_speculative
 
     cfg = build_serving_config({"option.speculative_method": "eagle3", **props}, tmp_path / "no-model")
@@ -96,7 +100,32 @@ def test_eagle3_alone_takes_the_assistants_shipped_head(tmp_path, props, tokens)
     target = write_model(tmp_path / "target", {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "vocab_size": 49152})
     out = resolve_speculative(cfg, {"model": str(target)}, build_demo=False)
     assert out["method"] == "eagle3" and out["num_speculative_tokens"] == tokens
+    assert out.get("num_speculative_tokens_per_batch_size") == by_batch
     shipped = Path(out["model"])
     assert shipped.parts[-3:] == ("demo", "assistant", "eagle3")
     config = json.loads((shipped / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 8192
+
+
+def test_draft_tokens_by_batch_size_pass_through_json(model_dir):
+    out = spec(model_dir, {"option.speculative_config": json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+         "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 64, 1]]})})
+    assert out["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 64, 1]]
+
+
+@pytest.mark.parametrize("schedule, why", [
+    ([[2, 8, 2]], "must start at 1"),
+    ([[1, 8, 4]], "drafts more than num_speculative_tokens=3"),
+    ([[1, 8, 2], [4, 16, 1]], "non-overlapping"),
+    ([[1, 8]], "triples"),
+    ("1-8:2", "triples"),
+    ([[1, 8, True]], "triples"),
+])
+def test_bad_draft_tokens_by_batch_size_is_a_startup_error_naming_the_key(model_dir, schedule, why):
+    props = {"option.speculative_config": json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+         "num_speculative_tokens_per_batch_size": schedule})}
+    with pytest.raises(SpeculativeConfigError, match="num_speculative_tokens_per_batch_size") as info:
+        spec(model_dir, props)
+    assert why in str(info.value)
