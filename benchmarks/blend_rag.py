@@ -62,6 +62,68 @@ FACTS = (
 )
 
 
+SUBJECTS = (
+    # one subject per document, each fact worded so that its question names it alone: the model
+    # only has to find the statement, not tell six alike documents apart
+    ("the Harrow Point lighthouse", (
+        ("year", "The Harrow Point lighthouse was built in {year}.", "In what year was the Harrow Point lighthouse built?"),
+        ("person", "The keeper of the Harrow Point lighthouse is {person}.", "Who is the keeper of the Harrow Point lighthouse?"),
+        ("colour", "The Harrow Point lighthouse is painted {colour}.", "What colour is the Harrow Point lighthouse painted?"),
+        ("animal", "A {animal} lives in the lantern room of the lighthouse.", "Which animal lives in the lantern room of the lighthouse?"),
+    )),
+    ("the bakery on Mill Lane", (
+        ("food", "The bakery on Mill Lane is famous for its {food}.", "What is the bakery on Mill Lane famous for?"),
+        ("person", "The baker who owns the shop is {person}.", "Who is the baker who owns the shop?"),
+        ("hour", "The bakery opens every morning at {hour} o'clock.", "At what hour does the bakery open?"),
+        ("fuel", "The bread oven is heated with {fuel}.", "What is the bread oven heated with?"),
+    )),
+    ("the cargo ship Northern Star", (
+        ("person", "The captain of the Northern Star is {person}.", "Who is the captain of the Northern Star?"),
+        ("cargo", "The Northern Star carries {cargo}.", "What does the Northern Star carry?"),
+        ("port", "The home port of the ship is {port}.", "What is the home port of the ship?"),
+        ("number", "The ship has a crew of {number} sailors.", "How many sailors are in the crew of the ship?"),
+    )),
+    ("the Museum of Clocks", (
+        ("person", "The curator of the Museum of Clocks is {person}.", "Who is the curator of the Museum of Clocks?"),
+        ("object", "The oldest piece in the museum is a {object}.", "What is the oldest piece in the museum?"),
+        ("day", "The museum is closed on {day}.", "On which day is the museum closed?"),
+        ("price", "A ticket to the museum costs {price} dollars.", "How many dollars does a museum ticket cost?"),
+    )),
+    ("the Greywater mountain pass", (
+        ("height", "The Greywater pass rises to {height} metres.", "How many metres high does the Greywater pass rise?"),
+        ("month", "Snow closes the pass every year in {month}.", "In which month does snow close the pass?"),
+        ("person", "The guide who leads walkers over the pass is {person}.", "Who is the guide who leads walkers over the pass?"),
+        ("tree", "The slopes below the pass are covered in {tree} trees.", "Which trees cover the slopes below the pass?"),
+    )),
+    ("the village library", (
+        ("person", "The librarian of the village library is {person}.", "Who is the librarian of the village library?"),
+        ("number", "The library holds {number} books.", "How many books does the library hold?"),
+        ("instrument", "On Fridays a {instrument} player performs in the reading room.", "Which instrument is played in the reading room on Fridays?"),
+        ("game", "The chess club meets in the library to play {game}.", "What game does the club in the library play?"),
+    )),
+)
+VALUES = {
+    "year": lambda rng: str(rng.randint(1100, 1899)),
+    "person": lambda rng: f"{rng.choice(FIRST)} {rng.choice(LAST)}",
+    "colour": lambda rng: rng.choice(["red and white", "green", "yellow", "black and gold"]),
+    "animal": lambda rng: rng.choice(["grey owl", "tabby cat", "tortoise", "raven"]),
+    "food": lambda rng: rng.choice(["rye bread", "cinnamon rolls", "lemon tarts", "pretzels"]),
+    "hour": lambda rng: rng.choice(["five", "six", "seven"]),
+    "fuel": lambda rng: rng.choice(["beech wood", "coal", "olive pits"]),
+    "cargo": lambda rng: rng.choice(["timber", "coffee beans", "iron ore", "rice"]),
+    "port": lambda rng: rng.choice(["Lisbon", "Bergen", "Halifax", "Genoa"]),
+    "number": lambda rng: str(rng.randint(12, 95)),
+    "object": lambda rng: rng.choice(["water clock", "sundial", "pendulum clock", "hourglass"]),
+    "day": lambda rng: rng.choice(["Monday", "Tuesday", "Wednesday"]),
+    "price": lambda rng: str(rng.randint(3, 19)),
+    "height": lambda rng: str(rng.randint(1500, 2900)),
+    "month": lambda rng: rng.choice(["October", "November", "December"]),
+    "tree": lambda rng: rng.choice(["pine", "birch", "larch", "oak"]),
+    "instrument": lambda rng: rng.choice(["violin", "harp", "cello", "flute"]),
+    "game": lambda rng: rng.choice(["chess", "draughts", "backgammon"]),
+}
+
+
 def corpus_answers() -> list[str]:
     rows = []
     for part in sorted(CORPUS.glob("part-*.jsonl")):
@@ -69,22 +131,31 @@ def corpus_answers() -> list[str]:
     return [r["answer"].replace("#", "") for r in rows if r.get("finish_reason") == "stop" and len(r["answer"]) > 200]
 
 
-def build_documents(tokenizer, n_docs: int, doc_tokens: int, seed: int) -> tuple[list[str], list[dict]]:
-    """n_docs documents of about doc_tokens tokens of corpus text, each with its town's four facts
-    planted at random places; the questions with their gold answers."""
+def build_documents(tokenizer, n_docs: int, doc_tokens: int, seed: int, facts: str = "towns") -> tuple[list[str], list[dict]]:
+    """n_docs documents of about doc_tokens tokens of corpus text, each with its subject's four facts
+    planted at random places; the questions with their gold answers. `facts`: "towns" (six alike
+    documents, a town each with the same four kinds of fact: what this benchmark serves) or
+    "subjects" (six different subjects, `SUBJECTS`; benchmarks/blend_fidelity.py)."""
     rng = random.Random(seed)
     answers = corpus_answers()
     rng.shuffle(answers)
     docs, questions = [], []
-    for i, town in enumerate(TOWNS[:n_docs]):
-        values = {"town": town, "year": str(rng.randint(1100, 1899)), "river": rng.choice(RIVERS),
-                  "founder": f"{rng.choice(FIRST)} {rng.choice(LAST)}", "export": rng.choice(EXPORTS)}
-        paragraphs = [f"Notes on {town}."]
+    for i in range(n_docs):
+        if facts == "towns":
+            town = TOWNS[i]
+            values = {"town": town, "year": str(rng.randint(1100, 1899)), "river": rng.choice(RIVERS),
+                      "founder": f"{rng.choice(FIRST)} {rng.choice(LAST)}", "export": rng.choice(EXPORTS)}
+            title, planted = f"Notes on {town}.", [(k, s.format(**values), q.format(**values), values[k]) for k, s, q in FACTS]
+        else:
+            subject, templates = SUBJECTS[i]
+            values = {key: VALUES[key](rng) for key, _, _ in templates}
+            title, planted = f"Notes on {subject}.", [(k, s.format(**values), q, values[k]) for k, s, q in templates]
+        paragraphs = [title]
         while len(tokenizer.encode("\n\n".join(paragraphs))) < doc_tokens:
             paragraphs.append(answers.pop())
-        for key, statement, question in FACTS:
-            paragraphs.insert(rng.randint(1, len(paragraphs)), statement.format(**values))
-            questions.append({"doc": i, "fact": key, "question": question.format(**values), "gold": values[key]})
+        for key, statement, question, gold in planted:
+            paragraphs.insert(rng.randint(1, len(paragraphs)), statement)
+            questions.append({"doc": i, "fact": key, "question": question, "gold": gold})
         docs.append("\n\n".join(paragraphs))
     return docs, questions
 
@@ -101,10 +172,11 @@ def system_prompt(tokenizer, n_tokens: int, seed: int) -> str:
     return text
 
 
-def workload(tokenizer, n_docs: int, doc_tokens: int, system_tokens: int, n_requests: int, seed: int) -> dict:
+def workload(tokenizer, n_docs: int, doc_tokens: int, system_tokens: int, n_requests: int, seed: int,
+             facts: str = "towns") -> dict:
     """Documents, a system prompt, n_requests questions and a document order for each (never the
     documents' own order, which the warm-up uses)."""
-    docs, questions = build_documents(tokenizer, n_docs, doc_tokens, seed)
+    docs, questions = build_documents(tokenizer, n_docs, doc_tokens, seed, facts)
     rng = random.Random(seed)
     questions = [questions[i % len(questions)] for i in rng.sample(range(max(n_requests, len(questions))), n_requests)]
     orders = []

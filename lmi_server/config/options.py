@@ -177,7 +177,11 @@ class SpeculativeOptions(BaseModel):
         None, description="Draft model directory (relative paths resolve against the model directory)."
     )
     num_speculative_tokens: int | None = Field(
-        None, ge=1, le=16, description="Tokens drafted per step (unset: 3; 2 with the assistant's shipped EAGLE-3 head)."
+        None, ge=1, le=16, description=(
+            "Tokens drafted per step (unset: 3; with the assistant's shipped EAGLE-3 head 2 while 1-2 requests run, "
+            "1 at 3-8, none above). Draft tokens by batch size for any model: `num_speculative_tokens_per_batch_size` "
+            "in `option.speculative_config` (vLLM's `[[first, last, tokens], ...]`, checked at start-up)."
+        ),
     )
 
 
