@@ -8,7 +8,8 @@ without and with its shipped EAGLE head, measured side by side in one run.
 
 Each mode starts `lmi-server serve` with no model option (the default assistant, as `make serve`);
 "eagle" / "eagle3" add only `OPTION_SPECULATIVE_METHOD` (the server then uses the draft head
-shipped for the built-in model; "eagle3_kN" also sets `OPTION_NUM_SPECULATIVE_TOKENS=N`), "ngram" only `OPTION_SPECULATIVE_METHOD=ngram` (prompt lookup); "bfloat16" / "float32" set only `OPTION_DTYPE`. Greedy streamed chat requests (held-out questions, never seen in the
+shipped for the built-in model; "eagle3_kN" also sets `OPTION_NUM_SPECULATIVE_TOKENS=N`), "ngram" only `OPTION_SPECULATIVE_METHOD=ngram` (prompt lookup); "head_kN" `OPTION_SPECULATIVE_CONFIG` with the
+EAGLE-3 head given by `--head` and N draft tokens (a candidate head beside the shipped one); "bfloat16" / "float32" set only `OPTION_DTYPE`. Greedy streamed chat requests (held-out questions, never seen in the
 drafts' training: none is in the EAGLE-1 kit nor in the assistant corpus the EAGLE-3 head learned
 from) run at each concurrency level. Recorded: output tokens/s over the level, mean
 inter-token latency and time to first token per request, and, for EAGLE, the acceptance rate and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -50,6 +52,7 @@ MODES = {  # the only environment each mode adds to `make serve`'s
     "eagle3_k3": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "3"},
     "eagle3_k4": {"OPTION_SPECULATIVE_METHOD": "eagle3", "OPTION_NUM_SPECULATIVE_TOKENS": "4"},
     "ngram": {"OPTION_SPECULATIVE_METHOD": "ngram"},
+    **{f"head_k{n}": {} for n in (1, 2, 3)},  # --head's EAGLE-3 head with n draft tokens
     "bfloat16": {"OPTION_DTYPE": "bfloat16"},
     "float32": {"OPTION_DTYPE": "float32"},
 }
@@ -88,13 +91,19 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=0, help="per level; default max(6, 2 x concurrency)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--name", default="default_model")
+    ap.add_argument("--head", help="an EAGLE-3 head directory for the head_kN modes (a candidate beside the shipped one)")
     args = ap.parse_args()
+    if any(m.startswith("head_") for m in args.modes) and not args.head:
+        ap.error("head_kN modes need --head DIR")
     work = Path(tempfile.mkdtemp(prefix="lmi-default-"))
     load_start = os.getloadavg()
     runs = []
     for mode in args.modes:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
         env.update(MODES[mode])
+        if mode.startswith("head_k"):
+            env["OPTION_SPECULATIVE_CONFIG"] = json.dumps(
+                {"method": "eagle3", "model": str(Path(args.head).resolve()), "num_speculative_tokens": int(mode[6:])})
         port = free_port()
         argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
                 "--host", "127.0.0.1", "--port", str(port)]
