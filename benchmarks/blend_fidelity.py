@@ -11,10 +11,12 @@ variant, each decoded greedily over its own KV until the end-of-turn token or 16
 
 Variants (each a change from the served default: in-context segment KV, check layer 1, recompute
 chosen by K deviation):
-  ratio R                  the recompute ratio R
+  ratio R                  the recompute ratio R (1: every token recomputed, the full prefill's answer)
   check layer 4            deviation measured at layer 4 (layers 0-3 computed for every token)
   first 16 recomputed      every reused segment's first 16 tokens recomputed besides the ratio's
   stored alone             segment KV from a prefill of the segment by itself (positions 0..)
+  full prefill, bfloat16   no blending: the same full prefill and decode with the weights in
+                           bfloat16 (their stored dtype): how far numeric precision alone moves answers
 
 Fact sets: `towns` (six alike documents, the one blend_rag.py serves) and `subjects` (six
 documents on different subjects). Reported per variant: answers identical to the reference, the
@@ -22,6 +24,8 @@ reference's accuracy and the variant's, and at each first divergence the referen
 log-probability gap (small: the reference itself was nearly undecided there).
 
     python benchmarks/blend_fidelity.py              # results/blend_fidelity.{json,png}
+    python benchmarks/blend_fidelity.py --sweep ratios   # ratio 0 to 1: results/blend_fidelity_ratios.*
+    python benchmarks/blend_fidelity.py --sweep precision   # 0.05 beside bf16: results/blend_fidelity_precision.*
     python benchmarks/blend_fidelity.py --questions 4 --no-save
 """
 
@@ -46,11 +50,24 @@ VARIANTS = {  # name -> (segment KV, ratio, check layer, first tokens of each se
     "ratio 0.05": ("context", 0.05, 1, 0),
     "ratio 0.15": ("context", 0.15, 1, 0),
     "ratio 0.30": ("context", 0.30, 1, 0),
+    "ratio 0.50": ("context", 0.50, 1, 0),
+    "ratio 0.70": ("context", 0.70, 1, 0),
+    "ratio 1": ("context", 1.0, 1, 0),
     "0.05, check layer 4": ("context", 0.05, 4, 0),
     "0.05, first 16 recomputed": ("context", 0.05, 1, 16),
     "0.05, stored alone": ("alone", 0.05, 1, 0),
+    "full prefill, bfloat16": ("bfloat16", None, None, 0),  # no blending: the weights' own dtype
 }
-SETS = {"towns": list(VARIANTS), "subjects": ["ratio 0", "ratio 0.05", "ratio 0.15", "ratio 0.30"]}
+KNOBS = ["ratio 0", "ratio 0.05", "ratio 0.15", "ratio 0.30", "0.05, check layer 4", "0.05, first 16 recomputed",
+         "0.05, stored alone"]
+RATIOS = ["ratio 0", "ratio 0.05", "ratio 0.15", "ratio 0.30", "ratio 0.50", "ratio 0.70", "ratio 1"]
+SETS = {"towns": KNOBS, "subjects": KNOBS[:4]}
+SWEEPS = {  # --sweep: which variants each fact set runs, and the result's name
+    "knobs": ("blend_fidelity", SETS),
+    "ratios": ("blend_fidelity_ratios", {"towns": RATIOS, "subjects": RATIOS}),
+    "precision": ("blend_fidelity_precision", {"towns": ["ratio 0.05", "full prefill, bfloat16"],
+                                               "subjects": ["ratio 0.05", "full prefill, bfloat16"]}),
+}
 
 
 def decode(torch, model, logits, kv, eos: set[int]) -> tuple[list[int], list[float]]:
@@ -77,7 +94,7 @@ def decode(torch, model, logits, kv, eos: set[int]) -> tuple[list[int], list[flo
     return tokens, gaps
 
 
-def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer) -> dict:
+def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer, model_bf16=None) -> dict:
     import torch
 
     from benchmarks.blend_rag import contains, messages, workload
@@ -86,6 +103,7 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer)
     from lmi_server.kvcache.blend.segments import Separator, split_at_separator
 
     adapter = forward.HFLlamaAdapter(model)
+    adapter_bf16 = forward.HFLlamaAdapter(model_bf16) if model_bf16 is not None else None
     spec = RopeSpec.from_hf_config(model.config.to_dict())
     separator = Separator.from_tokenizer(tokenizer, " # # ")
     eos = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
@@ -109,17 +127,37 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer)
         alone = forward.prefill(adapter, seg.token_ids)
         stores["alone"][tuple(seg.token_ids)] = [(k[:cached], v[:cached]) for k, v in alone.kv]
 
+    def compare(tokens, ref_tokens, ref_gaps, gold, seconds) -> dict:
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        diverge = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+        if diverge is None and len(tokens) != len(ref_tokens):
+            diverge = min(len(tokens), len(ref_tokens))
+        return {
+            "answer": text, "identical": tokens == ref_tokens, "correct": contains(text, gold),
+            "first_divergence": diverge, "blend_s": round(seconds, 3),
+            "reference_gap_at_divergence": None if diverge is None or diverge >= len(ref_gaps) else round(ref_gaps[diverge], 4),
+        }
+
     rows = []
     for q, order in zip(data["questions"], data["orders"]):
         ids = prompt(order, q["question"])
+        started = time.perf_counter()
         ref = forward.prefill(adapter, ids)
+        ref_s = time.perf_counter() - started
         ref_tokens, ref_gaps = decode(torch, model, ref.logits, ref.kv, eos)
         ref_text = tokenizer.decode(ref_tokens, skip_special_tokens=True)
         row = {"question": q["question"], "gold": q["gold"], "reference": ref_text,
-               "reference_correct": contains(ref_text, q["gold"]), "variants": {}}
+               "reference_correct": contains(ref_text, q["gold"]), "reference_s": round(ref_s, 3), "variants": {}}
         segments = split_at_separator(ids, separator)
         for name in variants:
             kind, ratio, check_layer, first = VARIANTS[name]
+            if kind == "bfloat16":  # the same full prefill and decode, in bfloat16: how far precision alone moves answers
+                started = time.perf_counter()
+                result = forward.prefill(adapter_bf16, ids)
+                seconds = time.perf_counter() - started
+                tokens, _ = decode(torch, model_bf16, result.logits, result.kv, eos)
+                row["variants"][name] = compare(tokens, ref_tokens, ref_gaps, q["gold"], seconds)
+                continue
             pieces = [(seg.start, stores[kind][tuple(seg.token_ids)]) for seg in segments[:-1]
                       if tuple(seg.token_ids) in stores[kind]]
             started = time.perf_counter()
@@ -130,15 +168,7 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer)
             result = forward.blend_prefill(adapter, ids, kv, reused, ratio=ratio, check_layer=check_layer)
             seconds = time.perf_counter() - started
             tokens, _ = decode(torch, model, result.logits, result.kv, eos)
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            diverge = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
-            if diverge is None and len(tokens) != len(ref_tokens):
-                diverge = min(len(tokens), len(ref_tokens))
-            row["variants"][name] = {
-                "answer": text, "identical": tokens == ref_tokens, "correct": contains(text, q["gold"]),
-                "first_divergence": diverge, "blend_s": round(seconds, 3),
-                "reference_gap_at_divergence": None if diverge is None or diverge >= len(ref_gaps) else round(ref_gaps[diverge], 4),
-            }
+            row["variants"][name] = compare(tokens, ref_tokens, ref_gaps, q["gold"], seconds)
         rows.append(row)
         print(f"  {facts} {len(rows):2d}/{len(data['questions'])} ref {ref_text!r}: "
               + ", ".join(f"{n} {'=' if v['identical'] else 'x'}" for n, v in row["variants"].items()), flush=True)
@@ -159,15 +189,17 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer)
             "blend_s_mean": statistics.fmean(v["blend_s"] for v in got),
         }
     return {"questions": len(rows), "reference_accuracy": sum(r["reference_correct"] for r in rows) / len(rows),
-            "summary": summary, "rows": rows}
+            "reference_s_mean": statistics.fmean(r["reference_s"] for r in rows), "summary": summary, "rows": rows}
 
 
-def plot(doc: dict) -> Path:
+def plot(doc: dict, name: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if doc.get("sweep") == "ratios":
+        return plot_ratios(doc, name, plt)
     sets = doc["sets"]
     fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4.4), squeeze=False)
     for ax, (facts, res) in zip(axes[0], sets.items()):
@@ -183,7 +215,34 @@ def plot(doc: dict) -> Path:
         ax.legend(fontsize=7, loc="lower left")
     fig.suptitle("Blended vs full prefill, greedy answers (assistant, float32, in process)")
     fig.tight_layout()
-    out = RESULTS / "blend_fidelity.png"
+    out = RESULTS / f"{name}.png"
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def plot_ratios(doc: dict, name: str, plt) -> Path:
+    """Identical answers against the recompute ratio, beside what the in-process prefill still saves."""
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    speed = ax.twinx()
+    for (facts, res), color in zip(doc["sets"].items(), ("#2a7", "#27c")):
+        summary = res["summary"]
+        ratios = [doc["variants"][n]["ratio"] for n in summary]
+        ax.plot(ratios, [100 * s["identical"] for s in summary.values()], "o-", color=color,
+                label=f"{facts}: identical to full prefill (%)")
+        speed.plot(ratios, [res["reference_s_mean"] / s["blend_s_mean"] for s in summary.values()], "s:", color=color,
+                   label=f"{facts}: full / blended prefill time")
+    ax.axhline(80, color="#c33", ls="--", lw=1)
+    ax.set_xlabel("recompute ratio")
+    ax.set_ylabel("identical greedy answers (%)")
+    speed.set_ylabel("prefill time, full / blended (in process)")
+    ax.set_ylim(0, 105)
+    speed.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()
+    more = speed.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower right")
+    ax.set_title("Blended vs full prefill by recompute ratio (assistant, float32, in process)", fontsize=9)
+    fig.tight_layout()
+    out = RESULTS / f"{name}.png"
     fig.savefig(out, dpi=110)
     return out
 
@@ -191,13 +250,16 @@ def plot(doc: dict) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=int, default=24, help="per fact set (24: each question once)")
+    ap.add_argument("--sweep", default="knobs", choices=list(SWEEPS),
+                    help="knobs: the blend's knobs at ratio 0.05 beside ratios 0-0.30; ratios: ratio 0 to 1")
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-save", action="store_true")
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args()
+    name, plan = SWEEPS[args.sweep]
     if args.plot_only:
-        print(plot(json.loads((RESULTS / "blend_fidelity.json").read_text())))
+        print(plot(json.loads((RESULTS / f"{name}.json").read_text()), name))
         return 0
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -208,22 +270,24 @@ def main() -> int:
     path = str(ensure_assistant())
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    doc = {"benchmark": "blend_fidelity", "machine": machine(), "load_average_at_start": os.getloadavg(),
+    model_bf16 = (AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+                  if any(VARIANTS[v][0] == "bfloat16" for vs in plan.values() for v in vs) else None)
+    doc = {"benchmark": "blend_fidelity", "sweep": args.sweep, "machine": machine(), "load_average_at_start": os.getloadavg(),
            "args": vars(args), "max_tokens": MAX_TOKENS, "variants": {n: dict(zip(("segment_kv", "ratio", "check_layer", "first_recomputed"), v))
                                                                        for n, v in VARIANTS.items()}, "sets": {}}
     started = time.monotonic()
     with torch.inference_mode():
         for facts in args.sets:
-            doc["sets"][facts] = run_set(facts, SETS[facts], args.questions, model, tokenizer)
+            doc["sets"][facts] = run_set(facts, plan[facts], args.questions, model, tokenizer, model_bf16)
     doc["wall_s"] = time.monotonic() - started
     for facts, res in doc["sets"].items():
         print(f"{facts}: full-prefill accuracy {res['reference_accuracy']:.2f}")
-        for name, s in res["summary"].items():
-            print(f"  {name:28s} identical {s['identical']:.2f} (where right {s['identical_where_reference_correct']:.2f}) "
+        for variant, s in res["summary"].items():
+            print(f"  {variant:28s} identical {s['identical']:.2f} (where right {s['identical_where_reference_correct']:.2f}) "
                   f"accuracy {s['accuracy']:.2f} gap median {s['reference_gap_at_divergence_median']}")
     if not args.no_save:
-        print(save("blend_fidelity", doc))
-        print(plot(doc))
+        print(save(name, doc))
+        print(plot(doc, name))
     return 0
 
 

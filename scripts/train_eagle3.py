@@ -499,6 +499,8 @@ def main() -> None:
     ap.add_argument("--save-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights as saved")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="also score the held-out answers every N steps (the learning curve in training.json)")
     ap.add_argument("--aux-layers", default="", help="comma-separated; default vLLM's (2, N//2, N-3)")
     ap.add_argument("--check-vllm", action="store_true", help="after saving, compare vLLM plain vs eagle3")
     ap.add_argument("--check-only", action="store_true", help="only the vLLM check of an existing --out")
@@ -590,6 +592,7 @@ def main() -> None:
     steps = args.steps or max(1, int(args.epochs * len(feats) / args.batch))
     order: list[int] = []
     losses = []
+    curve = []  # held-out acceptance as training goes on: does more training still buy acceptance?
     t = time.time()
     for step in range(steps):
         for gr in opt.param_groups:
@@ -618,6 +621,17 @@ def main() -> None:
         if step % max(1, steps // 20) == 0 or step == steps - 1:
             log(f"step {step}/{steps} loss {losses[-1]:.3f} top1 "
                 + "/".join(f"{h / max(1, c):.2f}" for h, c in zip(hits, cnt)))
+        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < steps:
+            head.eval()
+            point = evaluate(head, target, held_feats, K, t2dmap, d2t_abs)
+            head.train()
+            recent = losses[-args.eval_every:]
+            curve.append({"step": step + 1, "train_s": round(time.time() - t, 1),
+                          "train_loss": round(sum(recent) / len(recent), 4),
+                          "heldout_top1_per_step": point["top1_per_step"],
+                          "heldout_mean_acceptance_length": point["mean_acceptance_length"]})
+            log(f"held-out at step {step + 1}: top1 {point['top1_per_step']} "
+                f"acceptance length {point['mean_acceptance_length']}")
     train_s = time.time() - t
     head.eval()
     ev = evaluate(head, target, held_feats, K, t2dmap, d2t_abs)
@@ -637,6 +651,10 @@ def main() -> None:
         "first_loss": round(losses[0], 4), "final_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
         "feature_s": round(feat_s, 1), "train_s": round(train_s, 1),
         "heldout": ev,
+        "curve": curve + [{"step": steps, "train_s": round(train_s, 1),
+                           "train_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
+                           "heldout_top1_per_step": ev["top1_per_step"],
+                           "heldout_mean_acceptance_length": ev["mean_acceptance_length"]}],
         "params": sum(p.numel() for p in head.parameters()),
     }
     record["saved_dtype"] = args.save_dtype
