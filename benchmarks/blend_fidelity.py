@@ -15,6 +15,8 @@ chosen by K deviation):
   check layer 4            deviation measured at layer 4 (layers 0-3 computed for every token)
   first 16 recomputed      every reused segment's first 16 tokens recomputed besides the ratio's
   stored alone             segment KV from a prefill of the segment by itself (positions 0..)
+  stored after the system prompt   segment KV from a prefill of the system prompt and the segment
+                           alone (no other document before it)
   full prefill, bfloat16   no blending: the same full prefill and decode with the weights in
                            bfloat16 (their stored dtype): how far numeric precision alone moves answers
 
@@ -26,6 +28,7 @@ log-probability gap (small: the reference itself was nearly undecided there).
     python benchmarks/blend_fidelity.py              # results/blend_fidelity.{json,png}
     python benchmarks/blend_fidelity.py --sweep ratios   # ratio 0 to 1: results/blend_fidelity_ratios.*
     python benchmarks/blend_fidelity.py --sweep precision   # 0.05 beside bf16: results/blend_fidelity_precision.*
+    python benchmarks/blend_fidelity.py --sweep stored   # segment KV stored after the system prompt alone
     python benchmarks/blend_fidelity.py --questions 4 --no-save
 """
 
@@ -56,6 +59,8 @@ VARIANTS = {  # name -> (segment KV, ratio, check layer, first tokens of each se
     "0.05, check layer 4": ("context", 0.05, 4, 0),
     "0.05, first 16 recomputed": ("context", 0.05, 1, 16),
     "0.05, stored alone": ("alone", 0.05, 1, 0),
+    "0.05, stored after the system prompt": ("prefixed", 0.05, 1, 0),
+    "0.15, stored after the system prompt": ("prefixed", 0.15, 1, 0),
     "full prefill, bfloat16": ("bfloat16", None, None, 0),  # no blending: the weights' own dtype
 }
 KNOBS = ["ratio 0", "ratio 0.05", "ratio 0.15", "ratio 0.30", "0.05, check layer 4", "0.05, first 16 recomputed",
@@ -65,6 +70,9 @@ SETS = {"towns": KNOBS, "subjects": KNOBS[:4]}
 SWEEPS = {  # --sweep: which variants each fact set runs, and the result's name
     "knobs": ("blend_fidelity", SETS),
     "ratios": ("blend_fidelity_ratios", {"towns": RATIOS, "subjects": RATIOS}),
+    "stored": ("blend_fidelity_stored", {f: ["ratio 0.05", "0.05, stored after the system prompt",
+                                             "ratio 0.15", "0.15, stored after the system prompt"]
+                                         for f in ("towns", "subjects")}),
     "precision": ("blend_fidelity_precision", {"towns": ["ratio 0.05", "full prefill, bfloat16"],
                                                "subjects": ["ratio 0.05", "full prefill, bfloat16"]}),
 }
@@ -115,8 +123,10 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer,
 
     warm = prompt(list(range(len(data["docs"]))), "Which towns are described?")
     full = forward.prefill(adapter, warm)
-    stores: dict[str, dict] = {"context": {}, "alone": {}}
-    for seg in split_at_separator(warm, separator):
+    stores: dict[str, dict] = {"context": {}, "alone": {}, "prefixed": {}}
+    warm_segments = split_at_separator(warm, separator)
+    head = warm[: warm_segments[1].start]  # the system prompt's segment and the separator after it
+    for seg in warm_segments:
         cached = len(seg) // CHUNK * CHUNK
         if not cached:
             continue
@@ -126,6 +136,10 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer,
             for k, v in full.kv]
         alone = forward.prefill(adapter, seg.token_ids)
         stores["alone"][tuple(seg.token_ids)] = [(k[:cached], v[:cached]) for k, v in alone.kv]
+        after = forward.prefill(adapter, head + list(seg.token_ids)) if seg.start else full
+        at = len(head) if seg.start else 0
+        stores["prefixed"][tuple(seg.token_ids)] = [
+            (rerotate(k[at : at + cached], local + at, local, spec), v[at : at + cached]) for k, v in after.kv]
 
     def compare(tokens, ref_tokens, ref_gaps, gold, seconds) -> dict:
         text = tokenizer.decode(tokens, skip_special_tokens=True)
