@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, machine, save  # noqa: E402
+from benchmarks.common import RESULTS, machine, save, save_twin_axes_plot  # noqa: E402
 
 CHUNK = 256
 MAX_TOKENS = 16
@@ -251,14 +251,8 @@ def plot_ratios(doc: dict, name: str, plt) -> Path:
     speed.set_ylabel("prefill time, full / blended (in process)")
     ax.set_ylim(0, 105)
     speed.set_ylim(bottom=0)
-    lines = ax.get_legend_handles_labels()
-    more = speed.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower right")
     ax.set_title("Blended vs full prefill by recompute ratio (assistant, float32, in process)", fontsize=9)
-    fig.tight_layout()
-    out = RESULTS / f"{name}.png"
-    fig.savefig(out, dpi=110)
-    return out
+    return save_twin_axes_plot(fig, ax, speed, name, "lower right")
 
 
 def main() -> int:

@@ -183,3 +183,13 @@ def save(name: str, doc: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
     return path
+
+
+def save_twin_axes_plot(fig, ax, twin, name: str, loc: str) -> Path:
+    """One legend for a plot with a second y axis, then results/NAME.png."""
+    lines, more = ax.get_legend_handles_labels(), twin.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc=loc)
+    fig.tight_layout()
+    out = RESULTS / f"{name}.png"
+    fig.savefig(out, dpi=110)
+    return out

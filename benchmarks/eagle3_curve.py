@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common import RESULTS, save_twin_axes_plot  # noqa: E402
 
 GOAL = 2.8  # mean acceptance length at 3 draft tokens that 1.8x at one client needs
 
@@ -51,13 +51,8 @@ def plot(record: dict, name: str) -> Path:
     ax.set_ylim(1, 3)
     top1.set_ylabel("top-1 agreement with the target")
     top1.set_ylim(0, 1)
-    lines, more = ax.get_legend_handles_labels(), top1.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
     ax.set_title("EAGLE-3 head for the assistant: held-out acceptance as training goes on", fontsize=9)
-    fig.tight_layout()
-    out = RESULTS / f"{name}.png"
-    fig.savefig(out, dpi=110)
-    return out
+    return save_twin_axes_plot(fig, ax, top1, name, "upper left")
 
 
 def main() -> int:
