@@ -67,14 +67,12 @@ KNOBS = ["ratio 0", "ratio 0.05", "ratio 0.15", "ratio 0.30", "0.05, check layer
          "0.05, stored alone"]
 RATIOS = ["ratio 0", "ratio 0.05", "ratio 0.15", "ratio 0.30", "ratio 0.50", "ratio 0.70", "ratio 1"]
 SETS = {"towns": KNOBS, "subjects": KNOBS[:4]}
-SWEEPS = {  # --sweep: which variants each fact set runs, and the result's name
+STORED = ["ratio 0.05", "0.05, stored after the system prompt", "ratio 0.15", "0.15, stored after the system prompt"]
+PRECISION = ["ratio 0.05", "full prefill, bfloat16"]
+SWEEPS = {  # --sweep: the result's name and which variants each fact set runs
     "knobs": ("blend_fidelity", SETS),
-    "ratios": ("blend_fidelity_ratios", {"towns": RATIOS, "subjects": RATIOS}),
-    "stored": ("blend_fidelity_stored", {f: ["ratio 0.05", "0.05, stored after the system prompt",
-                                             "ratio 0.15", "0.15, stored after the system prompt"]
-                                         for f in ("towns", "subjects")}),
-    "precision": ("blend_fidelity_precision", {"towns": ["ratio 0.05", "full prefill, bfloat16"],
-                                               "subjects": ["ratio 0.05", "full prefill, bfloat16"]}),
+    **{sweep: (f"blend_fidelity_{sweep}", dict.fromkeys(SETS, variants))
+       for sweep, variants in (("ratios", RATIOS), ("stored", STORED), ("precision", PRECISION))},
 }
 
 
@@ -123,7 +121,8 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer,
 
     warm = prompt(list(range(len(data["docs"]))), "Which towns are described?")
     full = forward.prefill(adapter, warm)
-    stores: dict[str, dict] = {"context": {}, "alone": {}, "prefixed": {}}
+    stores: dict[str, dict] = {kind: {} for kind in ("context", "alone", "prefixed")
+                               if any(VARIANTS[n][0] == kind for n in variants)}
     warm_segments = split_at_separator(warm, separator)
     head = warm[: warm_segments[1].start]  # the system prompt's segment and the separator after it
     for seg in warm_segments:
@@ -131,15 +130,19 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer,
         if not cached:
             continue
         local = torch.arange(cached)
-        stores["context"][tuple(seg.token_ids)] = [
-            (rerotate(k[seg.start : seg.start + cached], local + seg.start, local, spec), v[seg.start : seg.start + cached])
-            for k, v in full.kv]
-        alone = forward.prefill(adapter, seg.token_ids)
-        stores["alone"][tuple(seg.token_ids)] = [(k[:cached], v[:cached]) for k, v in alone.kv]
-        after = forward.prefill(adapter, head + list(seg.token_ids)) if seg.start else full
-        at = len(head) if seg.start else 0
-        stores["prefixed"][tuple(seg.token_ids)] = [
-            (rerotate(k[at : at + cached], local + at, local, spec), v[at : at + cached]) for k, v in after.kv]
+        key = tuple(seg.token_ids)
+        if "context" in stores:
+            stores["context"][key] = [
+                (rerotate(k[seg.start : seg.start + cached], local + seg.start, local, spec), v[seg.start : seg.start + cached])
+                for k, v in full.kv]
+        if "alone" in stores:
+            alone = forward.prefill(adapter, seg.token_ids)
+            stores["alone"][key] = [(k[:cached], v[:cached]) for k, v in alone.kv]
+        if "prefixed" in stores:
+            after = forward.prefill(adapter, head + list(seg.token_ids)) if seg.start else full
+            at = len(head) if seg.start else 0
+            stores["prefixed"][key] = [
+                (rerotate(k[at : at + cached], local + at, local, spec), v[at : at + cached]) for k, v in after.kv]
 
     def compare(tokens, ref_tokens, ref_gaps, gold, seconds) -> dict:
         text = tokenizer.decode(tokens, skip_special_tokens=True)

@@ -365,6 +365,14 @@ def evaluate(head, target, feats, K: int, t2dmap, d2t_abs) -> dict:
     }
 
 
+def curve_point(step: int, train_s: float, recent_losses: list[float], heldout: dict) -> dict:
+    """One point of the learning curve: the held-out score after `step` steps, beside the training loss."""
+    return {"step": step, "train_s": round(train_s, 1),
+            "train_loss": round(sum(recent_losses) / len(recent_losses), 4),
+            "heldout_top1_per_step": heldout["top1_per_step"],
+            "heldout_mean_acceptance_length": heldout["mean_acceptance_length"]}
+
+
 # --------------------------------------------------------------------------------------------
 # save
 
@@ -625,11 +633,7 @@ def main() -> None:
             head.eval()
             point = evaluate(head, target, held_feats, K, t2dmap, d2t_abs)
             head.train()
-            recent = losses[-args.eval_every:]
-            curve.append({"step": step + 1, "train_s": round(time.time() - t, 1),
-                          "train_loss": round(sum(recent) / len(recent), 4),
-                          "heldout_top1_per_step": point["top1_per_step"],
-                          "heldout_mean_acceptance_length": point["mean_acceptance_length"]})
+            curve.append(curve_point(step + 1, time.time() - t, losses[-args.eval_every:], point))
             log(f"held-out at step {step + 1}: top1 {point['top1_per_step']} "
                 f"acceptance length {point['mean_acceptance_length']}")
     train_s = time.time() - t
@@ -651,10 +655,7 @@ def main() -> None:
         "first_loss": round(losses[0], 4), "final_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
         "feature_s": round(feat_s, 1), "train_s": round(train_s, 1),
         "heldout": ev,
-        "curve": curve + [{"step": steps, "train_s": round(train_s, 1),
-                           "train_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
-                           "heldout_top1_per_step": ev["top1_per_step"],
-                           "heldout_mean_acceptance_length": ev["mean_acceptance_length"]}],
+        "curve": curve + [curve_point(steps, train_s, losses[-10:], ev)],
         "params": sum(p.numel() for p in head.parameters()),
     }
     record["saved_dtype"] = args.save_dtype
