@@ -13,6 +13,11 @@ Life of an adapter:
   deleted      DELETE: new requests get 404 at once; requests in flight keep their lease and
                finish; the engine copy is removed when the last one ends.
 
+Management follows LMI's adapter API (`add`, `update`, `remove`): `preload` (default true, as LMI)
+loads the weights at registration, `pin` (default false) loads them and keeps them resident;
+pin without preload is refused, and so is unpinning (vLLM cannot unpin: delete and register again).
+Adapters found by `discover()` at start-up stay lazy (preload false).
+
 The registry never talks to vLLM directly: a `LoRABackend` does (the vLLM one is in
 `vllm_backend.py`; unit tests use a fake), so the LRU and lock logic is testable without an engine.
 """
@@ -37,10 +42,11 @@ from lmi_server.adapters.validation import (
     BaseModelInfo,
     CONFIG_FILE,
     FORMATTER_FILE,
-    WEIGHTS_FILE,
+    WEIGHTS_FILES,
     has_adapter_files,
     inspect_adapter,
     validate_name,
+    weights_file,
 )
 
 log = logging.getLogger(__name__)
@@ -54,7 +60,8 @@ ADAPTERS_REGISTERED = Gauge("lmi_adapters_registered", "LoRA adapters registered
 def weights_fingerprint(path: Path) -> str:
     """sha256 over the adapter's config and weight files (what the engine loads)."""
     digest = hashlib.sha256()
-    for fname in (CONFIG_FILE, WEIGHTS_FILE):
+    weights = weights_file(path)
+    for fname in (CONFIG_FILE, weights.name if weights is not None else WEIGHTS_FILES[0]):
         digest.update(fname.encode() + b"\0")
         with open(path / fname, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
@@ -80,6 +87,10 @@ class AdapterConflict(ValueError):
     pass
 
 
+PIN_WITHOUT_PRELOAD = "Can not set preload to false and pin to true"
+PAGE_LIMIT = 100  # LMI's list API: default and largest page
+
+
 class LoRABackend(Protocol):
     def is_base_model(self, name: str) -> bool: ...
     def base_names(self) -> list[str]: ...
@@ -94,6 +105,8 @@ class AdapterEntry:
     spec: AdapterSpec
     formatters: Formatters
     pinned: bool = False
+    preload: bool = False  # weights loaded at registration (LMI's `preload`)
+    source: str | None = None  # `src` as registered through the API (None: found at start-up)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     handle: Any = None  # vLLM LoRARequest while resident
     in_flight: int = 0
@@ -121,6 +134,8 @@ class AdapterEntry:
             "name": s.name,
             "src": str(s.path),
             "status": "loaded" if self.resident else "registered",
+            "preload": self.preload,
+            "pin": self.pinned,  # LMI's name
             "pinned": self.pinned,
             "rank": s.rank,
             "lora_alpha": s.alpha,
@@ -129,6 +144,7 @@ class AdapterEntry:
             "input_formatter": self.formatters.has_input,
             "output_formatter": self.formatters.has_output,
             "weight_bytes": s.weight_bytes,
+            "weights_file": s.weights_file,
             "loads": self.loads,
             "fingerprint": self.fingerprint,
             "in_flight": self.in_flight,
@@ -219,7 +235,7 @@ class AdapterRegistry:
             raise AdapterInvalid(f"src {shown!r} is outside the allowed adapter root ({roots})")
         if not real.is_dir():
             raise AdapterInvalid(f"src {shown!r} is not a directory")
-        for fname in (CONFIG_FILE, WEIGHTS_FILE, FORMATTER_FILE):
+        for fname in (CONFIG_FILE, *WEIGHTS_FILES, FORMATTER_FILE):
             target = real / fname
             if target.exists() and not self._inside(target.resolve()):
                 raise AdapterInvalid(f"src {shown!r}: {fname} links outside the allowed adapter root ({roots})")
@@ -250,6 +266,16 @@ class AdapterRegistry:
 
     def describe(self) -> list[dict[str, Any]]:
         return [e.describe() for e in sorted(self.adapters.values(), key=lambda e: e.name)]
+
+    def page(self, limit: int = PAGE_LIMIT, token: int = 0) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of `describe()` as LMI's list pages: `limit` outside 0..100 means 100, a negative
+        token means 0; the next page's token (a string) when more adapters follow, else None."""
+        if limit < 0 or limit > PAGE_LIMIT:
+            limit = PAGE_LIMIT
+        token = max(0, token)
+        items = self.describe()
+        last = min(token + limit, len(items))
+        return items[token:last], (str(last) if last < len(items) else None)
 
     # ------------------------------------------------------------------ loading and leases
 
@@ -311,7 +337,7 @@ class AdapterRegistry:
                 return
             await self._evict(victim)
 
-    async def _evict(self, entry: AdapterEntry) -> None:
+    async def _evict(self, entry: AdapterEntry, reason: str = "least recently used") -> None:
         handle, entry.handle = entry.handle, None
         if self._lru.get(entry.name) is entry:  # a newer entry of the same name keeps its place
             self._lru.pop(entry.name)
@@ -323,24 +349,80 @@ class AdapterRegistry:
                 log.exception("adapters: unloading %r failed", entry.name)
         if not entry.deleted:
             ADAPTER_EVICTIONS.labels(entry.name).inc()
-            log.info("adapters: evicted %r (least recently used)", entry.name)
+            log.info("adapters: evicted %r (%s)", entry.name, reason)
 
     # ------------------------------------------------------------------ management
 
-    async def add(self, name: str, src: str, *, preload: bool = False, pin: bool = False) -> AdapterEntry:
+    async def add(self, name: str, src: str, *, preload: bool = True, pin: bool = False) -> AdapterEntry:
+        """LMI's register: validate, register, and (preload, the default) load the weights now;
+        `pin` keeps them resident. A preload that cannot load leaves nothing registered."""
+        if pin and not preload:
+            raise AdapterInvalid(PIN_WITHOUT_PRELOAD)
         path = self.resolve_src(src)
         entry = self.register(name, path, pin=pin)
-        log.info("adapters: registered %r from %s", name, path)
-        if preload or pin:
+        entry.preload, entry.source = preload, src
+        log.info("adapters: registered %r from %s (preload %s, pin %s)", name, path, preload, pin)
+        if preload:
             try:
                 lease = await self.acquire(name)
             except AdapterUnavailable:
-                # A preload that cannot load leaves nothing registered.
                 self.adapters.pop(name, None)
                 ADAPTERS_REGISTERED.set(len(self.adapters))
                 raise
             await self.release(lease)
         return entry
+
+    async def update(
+        self, name: str, *, src: str | None = None, preload: bool | None = None, pin: bool | None = None
+    ) -> AdapterEntry:
+        """LMI's update: what is not given keeps its value. preload false -> true loads now,
+        true -> false unloads (when idle and unpinned; a busy adapter is left to the LRU);
+        pin false -> true loads and pins. Changing `src` and unpinning are refused, as in LMI."""
+        entry = self.get(name)
+        if src is not None and src != entry.source and self._local_path(src) != entry.spec.path:
+            raise AdapterInvalid(
+                f"adapter {name!r}: changing src is not supported (registered from {entry.spec.path}); "
+                "DELETE the adapter and register it again"
+            )
+        new_pin = entry.pinned if pin is None else pin
+        new_preload = entry.preload if preload is None else preload
+        if entry.pinned and not new_pin:
+            raise AdapterInvalid(
+                f"Unpinning adapter is not supported. To unpin adapter {name!r}, please delete the adapter "
+                "and re-register it without pinning."
+            )
+        if new_pin and not new_preload:
+            raise AdapterInvalid(PIN_WITHOUT_PRELOAD)
+        if new_preload or new_pin:
+            pinned_before, loads_before = entry.pinned, entry.loads
+            entry.pinned = new_pin  # a load from here on pins (see _load)
+            try:
+                lease = await self.acquire(name)
+            except AdapterUnavailable:
+                entry.pinned = pinned_before
+                raise
+            try:
+                if new_pin and not pinned_before and entry.loads == loads_before and entry.handle is not None:
+                    await self.backend.pin(entry.handle)  # already resident: pin the engine copy now
+            finally:
+                await self.release(lease)
+        elif entry.preload and entry.resident:
+            async with entry.lock:
+                if entry.resident and entry.in_flight == 0 and not entry.pinned:
+                    async with self._residency:
+                        await self._evict(entry, reason="preload set to false")
+        entry.preload = new_preload
+        log.info("adapters: updated %r (preload %s, pin %s)", name, entry.preload, entry.pinned)
+        return entry
+
+    def _local_path(self, src: str) -> Path | None:
+        """Where a local `src` points (None for a URL or a path that is refused): update compares it."""
+        if "://" in src:
+            return None
+        try:
+            return self.resolve_src(src)
+        except AdapterInvalid:
+            return None
 
     async def remove(self, name: str) -> AdapterEntry | None:
         """Unregister; None when the name was only a failed registration (now forgotten)."""
@@ -368,3 +450,4 @@ class AdapterRegistry:
         async with self._residency:
             await self._evict(entry)
         log.info("adapters: %r removed", entry.name)
+

@@ -1,14 +1,19 @@
 """Checks on an adapter directory that need no engine: name, files, config, tensor shapes.
 
 Everything here reads only JSON and safetensors *headers* (8-byte length + JSON), never tensor
-data, so registering a hundred adapters stays far under a second. Every failure is an
-`AdapterInvalid` whose message says what is wrong and what was expected (the API answers 400).
+data, so registering a hundred adapters stays far under a second. Adapters saved by PEFT with
+`safe_serialization=False` (`adapter_model.bin`, a PyTorch pickle; vLLM's loader reads it and
+`adapter_model.pt` too)
+are opened with `torch.load(weights_only=True)` memory-mapped: plain tensors only, so a pickle that
+would run code is refused, not executed. Every failure is an `AdapterInvalid` whose message says
+what is wrong and what was expected (the API answers 400).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import pickle
 import re
 import struct
 from dataclasses import dataclass, field
@@ -20,6 +25,10 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+PICKLE_WEIGHTS_FILE = "adapter_model.bin"
+# In the order vLLM's LoRA loader (vllm/lora/lora_model.py) looks for them: safetensors first,
+# then the PyTorch pickles (PEFT's `safe_serialization=False` writes .bin).
+WEIGHTS_FILES = (WEIGHTS_FILE, PICKLE_WEIGHTS_FILE, "adapter_model.pt")
 FORMATTER_FILE = "model.py"
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -44,8 +53,62 @@ def validate_name(name: Any) -> str:
     return name
 
 
+def weights_file(path: Path) -> Path | None:
+    """The adapter's weight file: adapter_model.safetensors, else adapter_model.bin; None if neither."""
+    for fname in WEIGHTS_FILES:
+        if (path / fname).is_file():
+            return path / fname
+    return None
+
+
 def has_adapter_files(path: Path) -> bool:
-    return (path / CONFIG_FILE).is_file() and (path / WEIGHTS_FILE).is_file()
+    return (path / CONFIG_FILE).is_file() and weights_file(path) is not None
+
+
+def read_pickle_header(path: Path) -> dict[str, Any]:
+    """Tensor name -> {"shape", "data_offsets"} of a PyTorch `adapter_model.bin` (or .pt), shaped like a
+    safetensors header. Loaded with `weights_only=True` (no code runs; anything but tensors and
+    plain containers is refused) and memory-mapped when the file is in torch's zip format, so the
+    tensor data is not read."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch comes with vLLM
+        raise AdapterInvalid(f"{path.name} is a PyTorch file and torch is not installed; save the adapter as safetensors") from None
+    try:
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            state = torch.load(str(path), map_location="cpu", weights_only=True)  # legacy (non-zip) format
+    except pickle.UnpicklingError as exc:
+        # torch's message suggests weights_only=False; keep only the line that names what was found.
+        found = next((ln.strip().rstrip(".") for ln in str(exc).splitlines() if "unsupported" in ln.lower()), "")
+        raise AdapterInvalid(
+            f"{path.name} holds more than plain tensors and was refused (read with torch.load(weights_only=True))"
+            + (f": {found}" if found else "")
+            + "; save the adapter with safe_serialization=True (adapter_model.safetensors)"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - truncated zip, not a torch file, ...
+        raise AdapterInvalid(f"{path.name} is corrupt or not a PyTorch file: {type(exc).__name__}: {exc}") from None
+    if not isinstance(state, dict):
+        raise AdapterInvalid(f"{path.name} must hold a dict of tensors (a state dict), got {type(state).__name__}")
+    header: dict[str, Any] = {}
+    offset = 0
+    for key, tensor in state.items():
+        if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
+            raise AdapterInvalid(f"{path.name} must hold a dict of tensors; entry {key!r} is {type(tensor).__name__}")
+        size = tensor.numel() * tensor.element_size()
+        header[key] = {"shape": [int(d) for d in tensor.shape], "data_offsets": [offset, offset + size]}
+        offset += size
+    return header
+
+
+def read_weights_header(path: Path) -> dict[str, Any]:
+    """The tensor table of an adapter weight file, safetensors or PyTorch pickle."""
+    if path.name != WEIGHTS_FILE:
+        return read_pickle_header(path)
+    return read_safetensors_header(path)
 
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
@@ -150,6 +213,7 @@ class AdapterSpec:
     base_model: str | None
     has_formatter: bool
     weight_bytes: int
+    weights_file: str = WEIGHTS_FILE
     config: dict[str, Any] = field(default_factory=dict, repr=False)
     warnings: list[str] = field(default_factory=list)
 
@@ -175,9 +239,11 @@ def inspect_adapter(
     validate_name(name)
     if not path.is_dir():
         raise AdapterInvalid(f"adapter directory {path} does not exist")
-    for fname in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (path / fname).is_file():
-            raise AdapterInvalid(f"adapter {name!r}: {fname} is missing in {path}")
+    if not (path / CONFIG_FILE).is_file():
+        raise AdapterInvalid(f"adapter {name!r}: {CONFIG_FILE} is missing in {path}")
+    weights = weights_file(path)
+    if weights is None:
+        raise AdapterInvalid(f"adapter {name!r}: {WEIGHTS_FILE} is missing in {path} ({' or '.join(WEIGHTS_FILES[1:])} is accepted too)")
     try:
         cfg = json.loads((path / CONFIG_FILE).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -215,7 +281,7 @@ def inspect_adapter(
                 f"adapter {name!r}: target modules {missing} do not exist in the base model "
                 f"(it has {sorted(m for m in base.module_names if m != 'weight')})"
             )
-    header = read_safetensors_header(path / WEIGHTS_FILE)
+    header = read_weights_header(weights)
     lora_keys = 0
     weight_bytes = 0
     for key, info in header.items():
@@ -243,7 +309,7 @@ def inspect_adapter(
                 )
     if lora_keys == 0:
         raise AdapterInvalid(
-            f"adapter {name!r}: {WEIGHTS_FILE} holds no LoRA tensors (expected keys like "
+            f"adapter {name!r}: {weights.name} holds no LoRA tensors (expected keys like "
             "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)"
         )
     for warning in warnings:
@@ -257,6 +323,7 @@ def inspect_adapter(
         base_model=str(base_name) if base_name else None,
         has_formatter=(path / FORMATTER_FILE).is_file(),
         weight_bytes=weight_bytes,
+        weights_file=weights.name,
         config=cfg,
         warnings=warnings,
     )

@@ -1,14 +1,21 @@
-"""Adapter management (LMI-compatible): list, describe, register, unregister.
+"""Adapter management, LMI's API: list, describe, register, update, unregister.
 
     GET    /adapters                    GET    /models/{model}/adapters
     GET    /adapters/{name}             GET    /models/{model}/adapters/{name}
     POST   /adapters                    POST   /models/{model}/adapters
+    POST   /adapters/{name}/update      POST   /models/{model}/adapters/{name}/update
     DELETE /adapters/{name}             DELETE /models/{model}/adapters/{name}
 
-POST takes `name`, `src` (a local directory inside the adapter root), optional `preload` and
-`pin`, as a JSON body or as query parameters (LMI's form). Validation failures are 400 with the
-reason; an unknown name is 404; a name already registered is 409 (the adapter package's errors
-are mapped to HTTP in `api/errors.py`).
+Fields (query parameters, LMI's form, or a JSON body): `name`, `src` (a local directory inside the
+adapter root), `preload` (default true, as LMI: load the weights now), `pin` (default false: keep
+them resident; `pinned` is accepted as another name). Update takes `preload`, `pin` (and `src`,
+which must be unchanged); what it does not name keeps its value. Listing pages as LMI's does
+(`limit`, `next_page_token`; `nextPageToken` in the answer while more follow).
+
+This server serves one model, so `{model}` in the path is not checked (LMI's integration client
+addresses the model by its directory's name). Invalid input is 400 with the reason, an unknown
+adapter 404, a name already registered 409, an adapter whose weights cannot be loaded 424 (the
+adapter package's errors are mapped to HTTP in `api/errors.py`). The logic is the registry's.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
 
 router = APIRouter()
+
+LORA_OFF = "LoRA is not enabled; start the server with option.enable_lora=true"
 
 
 class RegisterAdapter(BaseModel):
@@ -30,61 +39,87 @@ class RegisterAdapter(BaseModel):
 
     name: str
     src: str
-    preload: bool = False
-    pin: bool = False
+    preload: bool = True
+    pin: bool = Field(False, validation_alias=AliasChoices("pin", "pinned"))
+
+
+class UpdateAdapter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    src: str | None = None
+    preload: bool | None = None
+    pin: bool | None = Field(None, validation_alias=AliasChoices("pin", "pinned"))
+
+
+class ListPage(BaseModel):
+    limit: int = 100
+    next_page_token: int = 0
 
 
 def _registry(request: Request, *, required: bool):
     registry = request.app.state.adapters.registry()
     if registry is None and required:
-        raise APIError(400, "LoRA adapters are disabled; start the server with option.enable_lora=true")
+        raise APIError(400, LORA_OFF)
     return registry
 
 
-def _check_model(request: Request, model: str | None) -> None:
-    if model is None:
-        return
-    names = request.app.state.config.model.served_names
-    if model not in names:
-        raise APIError(404, f"model {model!r} not found; this server serves {names}")
-
-
-async def _list(request: Request, model: str | None = None):
-    _check_model(request, model)
-    registry = _registry(request, required=False)
-    if registry is None:
-        return JSONResponse({"adapters": [], "failed": {}})
-    return JSONResponse({"adapters": registry.describe(), "failed": dict(registry.failed)})
-
-
-async def _describe(request: Request, name: str, model: str | None = None):
-    _check_model(request, model)
-    registry = _registry(request, required=True)
-    return JSONResponse(registry.get(name).describe())
-
-
-async def _register(request: Request, model: str | None = None):
-    _check_model(request, model)
-    registry = _registry(request, required=True)
+async def _fields(request: Request, model: type[BaseModel], example: str):
+    """Query parameters and a JSON body (the body wins), validated against `model`."""
     raw: dict[str, Any] = dict(request.query_params)
     if (request.headers.get("content-length") or "0") != "0" or request.headers.get("transfer-encoding"):
         data = await read_json_body(request, request.app.state.config.server.max_request_bytes)
         if not isinstance(data, dict):
-            raise APIError(400, "request body must be a JSON object: {\"name\": \"...\", \"src\": \"...\"}")
+            raise APIError(400, f"request body must be a JSON object, for example {example}")
         raw.update(data)
     try:
-        req = RegisterAdapter.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
-        raise APIError(400, validation_message(exc.errors()) + ' (example: {"name": "my-adapter", "src": "my-adapter"})') from None
+        raise APIError(400, f"{validation_message(exc.errors())} (example: {example})") from None
+
+
+async def _list(request: Request):
+    registry = _registry(request, required=False)
+    try:
+        page = ListPage.model_validate(dict(request.query_params))
+    except ValidationError as exc:
+        raise APIError(400, validation_message(exc.errors()) + " (example: ?limit=10&next_page_token=0)") from None
+    if registry is None:
+        return JSONResponse({"adapters": [], "failed": {}})
+    items, next_token = registry.page(page.limit, page.next_page_token)
+    body: dict[str, Any] = {"adapters": items, "failed": dict(registry.failed)}
+    if next_token is not None:
+        body["nextPageToken"] = next_token
+    return JSONResponse(body)
+
+
+async def _describe(request: Request, name: str):
+    return JSONResponse(_registry(request, required=True).get(name).describe())
+
+
+async def _register(request: Request):
+    registry = _registry(request, required=True)
+    req = await _fields(request, RegisterAdapter, '{"name": "my-adapter", "src": "my-adapter", "preload": true, "pin": false}')
     entry = await registry.add(req.name, req.src, preload=req.preload, pin=req.pin)
     return JSONResponse({"status": f"Adapter {req.name} registered", "adapter": entry.describe()})
 
 
-async def _unregister(request: Request, name: str, model: str | None = None):
-    _check_model(request, model)
+async def _update(request: Request, name: str):
+    registry = _registry(request, required=True)
+    req = await _fields(request, UpdateAdapter, '{"preload": true, "pin": true}')
+    if req.name is not None and req.name != name:
+        raise APIError(400, f"name {req.name!r} in the request differs from the adapter {name!r} in the path; renaming is not supported")
+    entry = await registry.update(name, src=req.src, preload=req.preload, pin=req.pin)
+    return JSONResponse({"status": f"Adapter {name} updated", "adapter": entry.describe()})
+
+
+async def _unregister(request: Request, name: str):
     registry = _registry(request, required=True)
     entry = await registry.remove(name)
     return JSONResponse({"status": f"Adapter {name} unregistered", "in_flight": entry.in_flight if entry else 0})
+
+
+# Both path shapes LMI answers. This server serves one model: `{model}` is not checked.
 
 
 @router.get("/adapters")
@@ -92,14 +127,19 @@ async def list_adapters(request: Request):
     return await _list(request)
 
 
+@router.post("/adapters")
+async def register_adapter(request: Request):
+    return await _register(request)
+
+
 @router.get("/adapters/{name}")
 async def describe_adapter(request: Request, name: str):
     return await _describe(request, name)
 
 
-@router.post("/adapters")
-async def register_adapter(request: Request):
-    return await _register(request)
+@router.post("/adapters/{name}/update")
+async def update_adapter(request: Request, name: str):
+    return await _update(request, name)
 
 
 @router.delete("/adapters/{name}")
@@ -109,19 +149,24 @@ async def unregister_adapter(request: Request, name: str):
 
 @router.get("/models/{model}/adapters")
 async def list_model_adapters(request: Request, model: str):
-    return await _list(request, model)
-
-
-@router.get("/models/{model}/adapters/{name}")
-async def describe_model_adapter(request: Request, model: str, name: str):
-    return await _describe(request, name, model)
+    return await _list(request)
 
 
 @router.post("/models/{model}/adapters")
 async def register_model_adapter(request: Request, model: str):
-    return await _register(request, model)
+    return await _register(request)
+
+
+@router.get("/models/{model}/adapters/{name}")
+async def describe_model_adapter(request: Request, model: str, name: str):
+    return await _describe(request, name)
+
+
+@router.post("/models/{model}/adapters/{name}/update")
+async def update_model_adapter(request: Request, model: str, name: str):
+    return await _update(request, name)
 
 
 @router.delete("/models/{model}/adapters/{name}")
 async def unregister_model_adapter(request: Request, model: str, name: str):
-    return await _unregister(request, name, model)
+    return await _unregister(request, name)

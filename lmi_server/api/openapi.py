@@ -37,7 +37,7 @@ def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:
-    from lmi_server.api.adapters import RegisterAdapter
+    from lmi_server.api.adapters import RegisterAdapter, UpdateAdapter
     from lmi_server.api.lmi_protocol import LMIRequest
     from lmi_server.api.openai import chat_request_type, completion_request_type
 
@@ -47,6 +47,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     completion = _schema_of(completion_request_type(), components)
     lmi = _schema_of(LMIRequest, components)
     adapter = _schema_of(RegisterAdapter, components)
+    adapter_update = _schema_of(UpdateAdapter, components)
     components["SessionRequest"] = SESSION_REQUEST
     session = {"$ref": REF.format(model="SessionRequest")}
     bodies = {
@@ -55,6 +56,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         "/invocations": {"anyOf": [lmi, chat, completion, session]},
         "/adapters": adapter,
         "/models/{model}/adapters": adapter,
+        "/adapters/{name}/update": adapter_update,
+        "/models/{model}/adapters/{name}/update": adapter_update,
     }
     for path, schema in bodies.items():
         post = doc.get("paths", {}).get(path, {}).get("post")

@@ -104,3 +104,81 @@ def test_wrong_peft_type_and_rank(tmp_path, base_info):
     (d / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(AdapterInvalid, match="positive integer rank"):
         inspect_adapter("norank", d, base=base_info)
+
+
+# ---------------------------------------------------------------- adapter_model.bin (PEFT, safe_serialization=False)
+
+
+def _to_bin(d, fname="adapter_model.bin", **extra):
+    """Rewrite an adapter's safetensors as the PyTorch pickle PEFT writes without safe serialization."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(d / "adapter_model.safetensors"))
+    tensors.update(extra)
+    (d / "adapter_model.safetensors").unlink()
+    torch.save(tensors, str(d / fname))
+    return d
+
+
+@pytest.mark.parametrize("fname", ["adapter_model.bin", "adapter_model.pt"])
+def test_a_pytorch_pickle_adapter_is_found_and_checked_like_safetensors(tmp_path, base_info, fname):
+    from lmi_server.adapters.validation import has_adapter_files
+
+    d = _to_bin(make_adapter(tmp_path, "pickled"), fname)
+    assert has_adapter_files(d)
+    spec = inspect_adapter("pickled", d, max_rank=8, base=base_info)
+    assert spec.weights_file == fname and spec.rank == 2 and spec.weight_bytes > 0
+    # the shape checks read the pickle's tensors too
+    wide = _to_bin(make_adapter(tmp_path, "wide-bin", hidden=16), fname)
+    with pytest.raises(AdapterInvalid, match="wrong base model"):
+        inspect_adapter("wide-bin", wide, max_rank=8, base=base_info)
+
+
+def test_a_pickle_that_would_run_code_is_refused_not_executed(tmp_path, base_info):
+    import os
+
+    import torch
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    d = make_adapter(tmp_path, "evil")
+    (d / "adapter_model.safetensors").unlink()
+    torch.save({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": Payload()}, str(d / "adapter_model.bin"))
+    with pytest.raises(AdapterInvalid, match=r"refused \(read with torch.load\(weights_only=True\)\).*posix.system"):
+        inspect_adapter("evil", d, max_rank=8, base=base_info)
+    assert not marker.exists()
+
+
+def test_a_corrupt_or_non_tensor_bin_is_invalid(tmp_path, base_info):
+    import torch
+
+    d = make_adapter(tmp_path, "junk")
+    (d / "adapter_model.safetensors").unlink()
+    (d / "adapter_model.bin").write_bytes(b"PK\x03\x04 not a zip")
+    with pytest.raises(AdapterInvalid, match="corrupt or not a PyTorch file"):
+        inspect_adapter("junk", d, base=base_info)
+    torch.save([torch.zeros(2)], str(d / "adapter_model.bin"))
+    with pytest.raises(AdapterInvalid, match="must hold a dict of tensors"):
+        inspect_adapter("junk", d, base=base_info)
+
+
+def test_safetensors_wins_when_both_are_present(tmp_path, base_info):
+    import shutil
+
+    d = make_adapter(tmp_path, "both")
+    shutil.copy(d / "adapter_model.safetensors", tmp_path / "keep.safetensors")
+    _to_bin(d)
+    shutil.copy(tmp_path / "keep.safetensors", d / "adapter_model.safetensors")
+    assert inspect_adapter("both", d, base=base_info).weights_file == "adapter_model.safetensors"
+
+
+def test_no_weights_names_every_accepted_file(tmp_path, base_info):
+    d = make_adapter(tmp_path, "empty")
+    (d / "adapter_model.safetensors").unlink()
+    with pytest.raises(AdapterInvalid, match=r"adapter_model.safetensors is missing .*adapter_model.bin or adapter_model.pt is accepted too"):
+        inspect_adapter("empty", d, base=base_info)
