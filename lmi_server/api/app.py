@@ -23,6 +23,7 @@ from lmi_server.api.tenants import Tenants
 from lmi_server.adapters.formatters import FormatterError, load_model_formatters
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import EngineOwner
+from lmi_server.model_requirements import RequirementsError, install_requirements
 from lmi_server.metrics import MetricsMiddleware, register_blend_collector, register_lmcache_collector, unregister_collector
 from lmi_server.metrics import router as metrics_router
 from lmi_server.redact import install_log_redaction, register_secret
@@ -74,8 +75,9 @@ def create_app(
             restart_window_s=cfg.lmcache.lmcache_restart_window,
         )
     try:
+        install_requirements(cfg.model_dir)  # the model directory's requirements.txt, before its model.py
         model_formatters = load_model_formatters(cfg.model_dir)
-    except FormatterError as exc:
+    except (FormatterError, RequirementsError) as exc:
         raise ConfigError([str(exc)]) from None
     frontend_args = getattr(runtime, "frontend_args", None)
     owner = EngineOwner(
