@@ -77,6 +77,8 @@ class Runtime:
                 "metrics_public": self.cfg.security.metrics_public,
             },
             "not_applicable": self.cfg.not_applicable,
+            "lmi_translated": self.cfg.translated,
+            "lmi_defaults": self.cfg.defaults,
             "overridden_by_file": self.cfg.overridden_by_file,
             "sources": self.cfg.sources,
             "notes": self.notes,
@@ -101,10 +103,12 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
             except AssistantUnavailable as exc:
                 raise ConfigError([str(exc)]) from exc
         notes.append("no model configured: serving the embedded assistant smollm2-135m-instruct")
+    elif cfg.model.source == "s3":
+        engine_args["model"] = str(fetch_remote(cfg.model.path_or_id, "option.model_id", download=build_demo, notes=notes))
     builtin_defaults(cfg, engine_args, notes)
     fair_slots = fair_headroom(cfg, engine_args, notes)
     engine_args.pop("speculative_config", None)
-    speculative = resolve_speculative(cfg, engine_args, build_demo=build_demo)
+    speculative = resolve_speculative(cfg, engine_args, build_demo=build_demo, notes=notes)
     if speculative is not None:
         engine_args["speculative_config"] = speculative
     env = engine_environment(cfg)
@@ -130,6 +134,20 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
         engine_memory=memory.to_dict() if memory is not None else None,
         frontend_args=frontend_args, blend=blend, fair_slots=fair_slots,
     )
+
+
+def fetch_remote(url: str, what: str, *, download: bool, notes: list[str]) -> str | Path:
+    """An s3:// reference's local directory: downloaded when serving; when only describing
+    (`lmi-server config`), the copy already there or the URL itself, with a note of where it goes."""
+    from lmi_server.model_source import ModelSourceError, downloaded, fetch, plan_note
+
+    if not download:
+        notes.append(plan_note(url, what))
+        return downloaded(url) or url
+    try:
+        return fetch(url)
+    except ModelSourceError as exc:
+        raise ConfigError([f"{what}={url!r}: cannot be downloaded: {exc.cause}"]) from None
 
 
 def fair_headroom(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[str]) -> dict[str, int] | None:
@@ -403,7 +421,9 @@ def builtin_draft(source: str, method: str = "eagle") -> str | None:
     return str(found) if found is not None else None
 
 
-def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, build_demo: bool) -> dict[str, Any] | None:
+def resolve_speculative(
+    cfg: ServingConfig, engine_args: dict[str, Any], *, build_demo: bool, notes: list[str] | None = None,
+) -> dict[str, Any] | None:
     from lmi_server.speculative import DEFAULT_SPECULATIVE_TOKENS, SpeculativeConfigError, build_speculative_config
 
     method = cfg.speculative.speculative_method
@@ -415,7 +435,10 @@ def resolve_speculative(cfg: ServingConfig, engine_args: dict[str, Any], *, buil
         default_tokens = DRAFT_TOKENS.get(method, default_tokens)
         default_schedule = DRAFT_TOKENS_BY_BATCH.get(method)
     try:
-        return build_speculative_config(cfg, str(engine_args["model"]), default_draft, default_tokens, default_schedule)
+        return build_speculative_config(
+            cfg, str(engine_args["model"]), default_draft, default_tokens, default_schedule,
+            remote=lambda url: fetch_remote(url, "speculative draft model", download=build_demo, notes=[] if notes is None else notes),
+        )
     except SpeculativeConfigError as exc:
         raise ConfigError([str(exc)]) from exc
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lmi_server.config.schema import ServingConfig
+from lmi_server.model_source import is_remote
 
 METHODS_NEEDING_DRAFT = {"eagle", "eagle3", "draft_model"}
 # Target architectures whose vLLM implementation exposes the hidden states EAGLE drafts from.
@@ -88,17 +90,37 @@ def requested_config(
     return out
 
 
+def infer_method(model: Any) -> str:
+    """The method of a speculative_config that gives none, as vLLM's SpeculativeConfig infers it
+    (LMI documents `{"model": ..., "num_speculative_tokens": 5}`): `ngram` by that name, EAGLE heads
+    by their usual names, else a draft model (vLLM refines medusa, MLP and MTP drafts by their config)."""
+    if not model:
+        raise SpeculativeConfigError(
+            'speculative_config needs a "method" (eagle, eagle3, ngram, mtp, draft_model, ...) or a "model"'
+        )
+    name = str(model).lower()
+    if name in ("ngram", "[ngram]"):
+        return "ngram"
+    if "eagle-" in name:
+        return "eagle"
+    if "eagle3" in name:
+        return "eagle3"
+    return "draft_model"
+
+
 def build_speculative_config(
     cfg: ServingConfig, target_path: str, default_draft: str | None = None,
     default_tokens: int = DEFAULT_SPECULATIVE_TOKENS, default_schedule: list[tuple[int, int, int]] | None = None,
+    remote: Callable[[str], Any] | None = None,
 ) -> dict[str, Any] | None:
-    """Validated speculative_config for vLLM (draft path resolved), or None when not asked for."""
+    """Validated speculative_config for vLLM (draft path resolved), or None when not asked for.
+    `remote` turns an s3:// draft into its local directory (or leaves the URL when only describing)."""
     wanted = requested_config(cfg, default_draft, default_tokens, default_schedule)
     if wanted is None:
         return None
     method = wanted.get("method")
     if method is None:
-        raise SpeculativeConfigError('speculative_config needs a "method" (eagle, eagle3, ngram, mtp, draft_model, ...)')
+        method = wanted["method"] = infer_method(wanted.get("model"))
     n = wanted.get("num_speculative_tokens")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SPECULATIVE_TOKENS:
         raise SpeculativeConfigError(f"num_speculative_tokens={n!r}: expected an integer from 1 to {MAX_SPECULATIVE_TOKENS}")
@@ -110,7 +132,15 @@ def build_speculative_config(
     if method in METHODS_NEEDING_DRAFT:
         if not wanted.get("model"):
             raise SpeculativeConfigError(f"speculative method {method!r} needs a draft model: set option.speculative_draft_model")
-        wanted["model"], draft_dir = _resolve_draft(str(wanted["model"]), cfg.model_dir)
+        draft_ref = str(wanted["model"])
+        if is_remote(draft_ref):
+            if remote is None:
+                raise SpeculativeConfigError(f"speculative draft model {draft_ref!r}: s3:// drafts are fetched at start-up only")
+            draft_ref = str(remote(draft_ref))
+        if is_remote(draft_ref):  # described, not downloaded yet: checked when the server starts
+            wanted["model"], draft_dir = draft_ref, None
+        else:
+            wanted["model"], draft_dir = _resolve_draft(draft_ref, cfg.model_dir)
         draft = _read_config(draft_dir) if draft_dir is not None else None
         if draft_dir is not None and draft is None:
             raise SpeculativeConfigError(f"draft model {draft_dir} has no config.json")

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Gauge
 
 from lmi_server.adapters.formatters import FormatterError, Formatters, load_formatters
+from lmi_server.model_source import is_remote
 from lmi_server.adapters.validation import (
     AdapterInvalid,
     AdapterSpec,
@@ -213,8 +214,10 @@ class AdapterRegistry:
         """A local directory inside an allowed root (symlinks resolved), else AdapterInvalid."""
         if not isinstance(src, str) or not src.strip():
             raise AdapterInvalid("src must be a local directory path")
+        if is_remote(src):
+            return _fetch_remote(src)
         if "://" in src:
-            raise AdapterInvalid(f"src {src!r}: only local directories are accepted (no URLs)")
+            raise AdapterInvalid(f"src {src!r}: only local directories and s3:// URLs are accepted")
         if not self.allowed_roots:
             raise AdapterInvalid("no adapter root is configured (option.adapters_path); cannot register from src")
         path = Path(src).expanduser()
@@ -358,7 +361,7 @@ class AdapterRegistry:
         `pin` keeps them resident. A preload that cannot load leaves nothing registered."""
         if pin and not preload:
             raise AdapterInvalid(PIN_WITHOUT_PRELOAD)
-        path = self.resolve_src(src)
+        path = await asyncio.to_thread(self.resolve_src, src) if is_remote(src) else self.resolve_src(src)
         entry = self.register(name, path, pin=pin)
         entry.preload, entry.source = preload, src
         log.info("adapters: registered %r from %s (preload %s, pin %s)", name, path, preload, pin)
@@ -451,3 +454,14 @@ class AdapterRegistry:
             await self._evict(entry)
         log.info("adapters: %r removed", entry.name)
 
+def _fetch_remote(src: str) -> Path:
+    """An s3:// adapter, downloaded once into the server's cache (the adapter root confines local
+    paths only): a malformed URL is AdapterInvalid (400), a failed download AdapterUnavailable (424)."""
+    from lmi_server.model_source import ModelSourceError, SourceInvalid, fetch
+
+    try:
+        return fetch(src)
+    except SourceInvalid as exc:
+        raise AdapterInvalid(f"src {src!r}: {exc.cause}") from None
+    except ModelSourceError as exc:
+        raise AdapterUnavailable(f"src {src!r} cannot be downloaded: {exc.cause}") from None

@@ -190,7 +190,7 @@ def _example(key: str, desc: dict[str, Any]) -> str:
 class ResolvedModel(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    source: Literal["local", "hub", "demo", "assistant"]
+    source: Literal["local", "hub", "demo", "assistant", "s3"]
     path_or_id: str
     served_names: list[str]
 
@@ -231,11 +231,16 @@ def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) 
     if model_id in BUILTIN_MODELS:
         return _builtin_model(model_id, names(model_id))
     if "://" in model_id:
-        problems.append(
-            f"option.model_id={model_id!r}: remote URLs are not downloaded by this server; "
-            "copy the model into the model directory or use a hub id"
-        )
-        return ResolvedModel(source="hub", path_or_id=model_id, served_names=names(model_id))
+        from lmi_server.model_source import ModelSourceError, parse_s3
+
+        try:  # downloaded at start-up (runtime), never while validating
+            return ResolvedModel(source="s3", path_or_id=model_id, served_names=names(parse_s3(model_id).name))
+        except ModelSourceError as exc:
+            problems.append(
+                f"option.model_id={model_id!r}: {exc.cause}; give s3://bucket/prefix, s3://bucket/key.zip, "
+                "a directory or a hub id"
+            )
+            return ResolvedModel(source="hub", path_or_id=model_id, served_names=names(model_id))
     candidate = Path(model_id).expanduser()
     for path in ([candidate] if candidate.is_absolute() else [model_dir / candidate, candidate]):
         if path.is_dir():

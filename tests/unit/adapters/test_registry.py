@@ -127,8 +127,8 @@ async def test_add_validates_src_and_name(tmp_path, base_info, fake_backend):
         await reg.add("o", str(root / "link"))
     with pytest.raises(AdapterInvalid, match="outside the allowed adapter root"):
         await reg.add("o", "../elsewhere/outside")
-    with pytest.raises(AdapterInvalid, match="no URLs"):
-        await reg.add("o", "s3://bucket/x")
+    with pytest.raises(AdapterInvalid, match="only local directories and s3:// URLs"):
+        await reg.add("o", "https://example.com/x")
     with pytest.raises(AdapterInvalid, match="invalid adapter name"):
         await reg.add("../x", "inside")
     with pytest.raises(AdapterInvalid, match="base model's name"):

@@ -164,8 +164,10 @@ def test_model_id_relative_absolute_hub_and_invalid(tmp_path, model_dir):
     assert hub.model.served_names == ["Qwen/Qwen2.5-1.5B-Instruct"]
     (problem,) = problems_of({"option.model_id": "./missing"}, tmp_path)
     assert "./missing" in problem
-    (problem,) = problems_of({"option.model_id": "s3://bucket/model"}, tmp_path)
-    assert "s3://" in problem
+    s3 = build_serving_config({"option.model_id": "s3://bucket/models/llama"}, tmp_path)
+    assert s3.model.source == "s3" and s3.model.served_names == ["llama"]  # downloaded at start-up
+    (problem,) = problems_of({"option.model_id": "https://example.com/model"}, tmp_path)
+    assert "https://" in problem and "s3://bucket/prefix" in problem
 
 
 def test_model_dir_with_config_json_is_the_model(model_dir):
