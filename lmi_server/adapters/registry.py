@@ -454,6 +454,7 @@ class AdapterRegistry:
             await self._evict(entry)
         log.info("adapters: %r removed", entry.name)
 
+
 def _fetch_remote(src: str) -> Path:
     """An s3:// adapter, downloaded once into the server's cache (the adapter root confines local
     paths only): a malformed URL is AdapterInvalid (400), a failed download AdapterUnavailable (424)."""
