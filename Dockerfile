@@ -12,6 +12,7 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /opt/lmi_server
 COPY pyproject.toml README.md ./
 COPY lmi_server ./lmi_server
+COPY djl_python ./djl_python
 COPY lmcache_configs ./lmcache_configs
 COPY scripts/repair_torch.py ./scripts/repair_torch.py
 RUN pip install --no-cache-dir ".[gpu]" && python scripts/repair_torch.py \
