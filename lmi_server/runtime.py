@@ -77,6 +77,8 @@ class Runtime:
                 "metrics_public": self.cfg.security.metrics_public,
             },
             "not_applicable": self.cfg.not_applicable,
+            "lmi_translated": self.cfg.translated,
+            "lmi_defaults": self.cfg.defaults,
             "overridden_by_file": self.cfg.overridden_by_file,
             "sources": self.cfg.sources,
             "notes": self.notes,

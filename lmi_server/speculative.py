@@ -90,6 +90,24 @@ def requested_config(
     return out
 
 
+def infer_method(model: Any) -> str:
+    """The method of a speculative_config that gives none, as vLLM's SpeculativeConfig infers it
+    (LMI documents `{"model": ..., "num_speculative_tokens": 5}`): `ngram` by that name, EAGLE heads
+    by their usual names, else a draft model (vLLM refines medusa, MLP and MTP drafts by their config)."""
+    if not model:
+        raise SpeculativeConfigError(
+            'speculative_config needs a "method" (eagle, eagle3, ngram, mtp, draft_model, ...) or a "model"'
+        )
+    name = str(model).lower()
+    if name in ("ngram", "[ngram]"):
+        return "ngram"
+    if "eagle-" in name:
+        return "eagle"
+    if "eagle3" in name:
+        return "eagle3"
+    return "draft_model"
+
+
 def build_speculative_config(
     cfg: ServingConfig, target_path: str, default_draft: str | None = None,
     default_tokens: int = DEFAULT_SPECULATIVE_TOKENS, default_schedule: list[tuple[int, int, int]] | None = None,
@@ -102,7 +120,7 @@ def build_speculative_config(
         return None
     method = wanted.get("method")
     if method is None:
-        raise SpeculativeConfigError('speculative_config needs a "method" (eagle, eagle3, ngram, mtp, draft_model, ...)')
+        method = wanted["method"] = infer_method(wanted.get("model"))
     n = wanted.get("num_speculative_tokens")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SPECULATIVE_TOKENS:
         raise SpeculativeConfigError(f"num_speculative_tokens={n!r}: expected an integer from 1 to {MAX_SPECULATIVE_TOKENS}")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmi_server.config.lmi_compat import read_environment
 from lmi_server.redact import mask_value
 
 log = logging.getLogger(__name__)
@@ -19,13 +20,6 @@ log = logging.getLogger(__name__)
 _SEPARATORS = "=: \t\f"
 _WHITESPACE = " \t\f"
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-
-# Environment variables that SageMaker/LMI give a meaning beyond the OPTION_ prefix.
-ENV_ALIASES = {
-    "HF_MODEL_ID": "option.model_id",
-    "SM_NUM_GPUS": "option.tensor_parallel_degree",
-}
-
 
 def _logical_lines(text: str) -> list[str]:
     """Join continuation lines (odd number of trailing backslashes) as java.util.Properties does."""
@@ -102,16 +96,9 @@ def load_properties_file(path: str | Path) -> dict[str, str]:
 
 
 def options_from_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Map OPTION_FOO_BAR -> option.foo_bar, plus SageMaker's HF_MODEL_ID and SM_NUM_GPUS."""
-    environ = os.environ if environ is None else environ
-    props: dict[str, str] = {}
-    for name, value in environ.items():
-        if name.startswith("OPTION_") and len(name) > len("OPTION_"):
-            props["option." + name[len("OPTION_") :].lower()] = value
-    for name, key in ENV_ALIASES.items():
-        if name in environ and key not in props:
-            props[key] = environ[name]
-    return props
+    """Map OPTION_FOO_BAR -> option.foo_bar, SERVING_<KEY> -> <key>, and LMI's named variables
+    (HF_MODEL_ID, TENSOR_PARALLEL_DEGREE, MAX_BATCH_SIZE, ...: `lmi_keys.json`)."""
+    return read_environment(os.environ if environ is None else environ).props
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from lmi_server.config.lmi_compat import LmiKey, lmi_keys
 from lmi_server.config.options import SECTIONS
-from lmi_server.config.schema import LMI_ALIASES, NOT_APPLICABLE, vllm_frontend_arg_table, vllm_frontend_excluded
+from lmi_server.config.schema import LMI_ALIASES, vllm_frontend_arg_table, vllm_frontend_excluded
 
 
 def _type_name(annotation) -> str:
@@ -42,8 +43,53 @@ def options_markdown() -> str:
     for why, keys in by_reason.items():
         lines.append(f"- {', '.join(keys)}: {why}")
     lines.append("")
-    lines.append("Accepted for compatibility with LMI files, reported as not applicable:")
-    lines.append("")
-    for key, why in NOT_APPLICABLE.items():
-        lines.append(f"- `option.{key}`: {why}")
+    lines.append(
+        "LMI's own keys and environment variables (mapped, not applicable, or refused, each with its reason): "
+        "see *Coming from LMI*."
+    )
     return "\n".join(lines)
+
+
+LMI_TABLE_BEGIN = "<!-- lmi-keys:begin (generated: python -m lmi_server.config.reference; a test compares) -->"
+LMI_TABLE_END = "<!-- lmi-keys:end -->"
+_KIND = {"env": "environment", "top-level": "top-level key", "option": "option"}
+
+
+def _code_or_text(text: str) -> str:
+    return f"`{text}`" if " " not in text else text
+
+
+def _here(entry: LmiKey) -> str:
+    if entry.here == "mapped":
+        text = "mapped to " + _code_or_text(entry.to or "")
+        if entry.transform == "negate":
+            text += " (negated)"
+        elif entry.transform == "mib_to_bytes":
+            text += " (MiB to bytes)"
+        if entry.note:
+            text += f"; {entry.note}"
+    elif entry.here == "environment":
+        text = f"read from the environment: {entry.why}"
+    elif entry.here == "refused":
+        return f"refused: {entry.why}"
+    else:
+        text = f"not applicable: {entry.why}"
+    if entry.accepted_values:
+        text += f"; values other than {', '.join(f'`{v}`' for v in entry.accepted_values)} are refused: {entry.refused_why}"
+    if entry.refused_values:
+        text += f"; {', '.join(f'`{v}`' for v in entry.refused_values)} is refused: {entry.refused_why}"
+    return text
+
+
+def lmi_keys_markdown() -> str:
+    """The README's table of LMI's keys and environment variables, from `lmi_keys.json`."""
+    lines = [LMI_TABLE_BEGIN, "", "| LMI name | kind | what LMI means | here |", "|---|---|---|---|"]
+    for entry in lmi_keys():
+        cells = [f"`{entry.name}`", _KIND[entry.kind], entry.meaning, _here(entry)]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", LMI_TABLE_END]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(lmi_keys_markdown())

@@ -18,6 +18,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmi_server.config import host
+from lmi_server.config.lmi_compat import (
+    EnvironmentReading,
+    apply_gpu_defaults,
+    keys_of,
+    lmi_aliases,
+    not_applicable_options,
+    translate_properties,
+)
 from lmi_server.config.options import (
     SECTIONS,
     AdapterOptions,
@@ -37,38 +45,11 @@ ASSISTANT_SERVED_NAME = "smollm2-135m-instruct"
 BUILTIN_MODELS = {ASSISTANT_SERVED_NAME: "assistant", DEMO_SERVED_NAME: "demo"}
 
 
-# LMI name -> vLLM engine-argument name.
-LMI_ALIASES: dict[str, str] = {
-    "tensor_parallel_degree": "tensor_parallel_size",
-    "pipeline_parallel_degree": "pipeline_parallel_size",
-    "max_rolling_batch_size": "max_num_seqs",
-    "max_rolling_batch_prefill_tokens": "max_num_batched_tokens",
-    "quantize": "quantization",
-}
+# LMI name -> vLLM engine-argument name, and LMI keys accepted as not applicable: both from the
+# list of LMI's keys (`lmi_keys.json`), which `lmi_compat` applies before validation.
+LMI_ALIASES: dict[str, str] = lmi_aliases()
 LMI_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-
-# LMI keys that are meaningful to LMI's own front-end only: accepted, reported, ignored.
-NOT_APPLICABLE: dict[str, str] = {
-    "async_mode": "this server is always asynchronous",
-    "entrypoint": "the vLLM handler is built in",
-    "mpi_mode": "vLLM manages its own workers",
-    "parallel_loading": "vLLM loads the model once",
-    "predict_timeout": "no per-request worker timeout; clients set their own",
-    "device_map": "vLLM places the model",
-    "enable_streaming": "streaming is chosen per request with \"stream\": true",
-    "output_formatter": "use per-adapter formatters or the OpenAI schema",
-    "task": "the task follows from the model",
-    "rolling_batch_strategy": "vLLM always batches continuously",
-}
-ROLLING_BATCH_OK = {"vllm", "auto", "disable", "lmi-dist"}
-ROLLING_BATCH_OTHER_BACKENDS = {"trtllm", "tnx", "scheduler", "deepspeed", "neuronx", "lmi-dist-v2"}
-# Top-level (non-option) keys of LMI's serving.properties.
-TOP_LEVEL_NOT_APPLICABLE = {
-    "minworkers", "maxworkers", "batch_size", "max_batch_delay", "max_idle_time",
-    "load_on_devices", "required_memory_mb", "reserved_memory_mb", "gpu.minworkers",
-    "gpu.maxworkers", "job_queue_size",
-}
-ENGINES_OK = {"python", "mpi"}
+NOT_APPLICABLE: dict[str, str] = not_applicable_options()
 
 _EXAMPLES = {"int": "4096", "float": "0.9", "bool": "true", "json": '{"key": "value"}'}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -128,7 +109,7 @@ def own_keys() -> dict[str, tuple[str, Any]]:
 
 
 def all_known_keys() -> list[str]:
-    keys = set(own_keys()) | set(LMI_ALIASES) | set(NOT_APPLICABLE) | {"rolling_batch", "dtype"}
+    keys = set(own_keys()) | set(keys_of("option")) | {"dtype"}
     keys |= set(vllm_engine_arg_table()) - RESERVED_ENGINE_ARGS
     keys |= set(vllm_frontend_arg_table())
     return sorted(keys)
@@ -213,6 +194,10 @@ class ServingConfig(BaseModel):
     security: SecurityOptions = Field(default_factory=SecurityOptions)
     tenants: TenantOptions = Field(default_factory=TenantOptions)
     not_applicable: dict[str, str] = Field(default_factory=dict)
+    translated: dict[str, str] = Field(default_factory=dict)
+    """LMI keys and environment variables turned into this server's settings: name -> what it became."""
+    defaults: dict[str, str] = Field(default_factory=dict)
+    """LMI's defaults applied where they differ from vLLM's: engine argument -> value and why."""
     overridden_by_file: list[str] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict)
 
@@ -272,10 +257,19 @@ def build_serving_config(
     *,
     sources: dict[str, str] | None = None,
     overridden_by_file: list[str] | None = None,
+    environ: dict[str, str] | None = None,
+    environment: EnvironmentReading | None = None,
 ) -> ServingConfig:
-    """Validate merged properties; raise ConfigError listing every problem at once."""
-    problems: list[str] = []
-    not_applicable: dict[str, str] = {}
+    """Validate merged properties; raise ConfigError listing every problem at once.
+
+    LMI's own keys are first turned into this server's (`lmi_compat`); `environment` carries what
+    the environment said beside its properties (not-applicable variables, problems)."""
+    environment = environment or EnvironmentReading()
+    lmi = translate_properties(properties, environ)
+    properties = lmi.props
+    problems: list[str] = [*environment.problems, *lmi.problems]
+    not_applicable: dict[str, str] = {**environment.not_applicable, **lmi.not_applicable}
+    translated = {**environment.translated, **lmi.translated}
     table = vllm_engine_arg_table()
     frontend_table = vllm_frontend_arg_table()
     frontend_raw: dict[str, str] = {}
@@ -285,34 +279,10 @@ def build_serving_config(
 
     for full_key, raw in properties.items():
         if not full_key.startswith("option."):
-            top = full_key.lower()
-            if top == "engine":
-                if raw.strip().lower() not in ENGINES_OK:
-                    problems.append(
-                        f"engine={raw!r}: this container serves with vLLM; use engine=Python (or remove the line)"
-                    )
-                else:
-                    not_applicable[full_key] = "the vLLM engine is built in"
-            elif top in TOP_LEVEL_NOT_APPLICABLE:
-                not_applicable[full_key] = "LMI front-end setting; vLLM schedules requests itself"
-            else:
-                problems.append(f"{full_key}={raw!r}: unknown key; settings are option.<name>{suggest(top)}")
+            problems.append(f"{full_key}={raw!r}: unknown key; settings are option.<name>{suggest(full_key.lower())}")
             continue
         key = full_key[len("option.") :].lower()
-        if key in NOT_APPLICABLE:
-            not_applicable[full_key] = NOT_APPLICABLE[key]
-        elif key == "rolling_batch":
-            value = raw.strip().lower()
-            if value in ROLLING_BATCH_OK:
-                not_applicable[full_key] = "vLLM's continuous batching is always on"
-            elif value in ROLLING_BATCH_OTHER_BACKENDS:
-                problems.append(
-                    f"option.rolling_batch={raw!r} asks for another backend; this container serves with "
-                    "vLLM only (use option.rolling_batch=vllm or remove the line)"
-                )
-            else:
-                problems.append(f"option.rolling_batch={raw!r}: expected vllm, auto or disable")
-        elif key in mine:
+        if key in mine:
             section_values[mine[key][0]][key] = raw
         elif key in LMI_ALIASES:
             target = LMI_ALIASES[key]
@@ -386,6 +356,10 @@ def build_serving_config(
     if problems:
         raise ConfigError(problems)
 
+    engine_args.update(lmi.engine_args)
+    defaults = apply_gpu_defaults(
+        engine_args, gpus=host.gpu_count(), model_path=model.path_or_id, builtin=model.source in ("demo", "assistant")
+    )
     engine_args["model"] = model.path_or_id
     engine_args["served_model_name"] = model.served_names
     return ServingConfig(
@@ -394,6 +368,8 @@ def build_serving_config(
         engine_args=engine_args,
         frontend_args=frontend_args,
         not_applicable=not_applicable,
+        translated=translated,
+        defaults=defaults,
         overridden_by_file=list(overridden_by_file or []),
         sources=dict(sources or {}),
         **sections,

@@ -149,8 +149,11 @@ def test_other_backends_are_a_clear_error(model_dir, props):
 
 
 def test_server_owned_engine_arguments_are_refused(model_dir):
+    (problem,) = problems_of({"option.model": "x"}, model_dir)
+    assert "option.model" in problem and "option.model_id" in problem
+    # LMI's LMCache recipe is read (tests/unit/config/test_lmi_keys.py); without a connector it says what it wants
     (problem,) = problems_of({"option.kv_transfer_config": "{}"}, model_dir)
-    assert "option.kv_transfer_config" in problem and "lmcache" in problem
+    assert "option.kv_transfer_config" in problem and "kv_connector" in problem
 
 
 def test_model_id_relative_absolute_hub_and_invalid(tmp_path, model_dir):
