@@ -1,4 +1,4 @@
-"""API keys: a pure ASGI middleware in front of every route except /ping and /health.
+"""API keys: a pure ASGI middleware in front of every route except /ping, /health and /live.
 
 Keys come from `option.api_key` (comma-separated, for rotation; also `OPTION_API_KEY`) and
 `option.api_key_file` (one per line). A request presents one as `Authorization: Bearer KEY`
@@ -30,7 +30,7 @@ from lmi_server.redact import register_secret
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/ping", "/health"})
+OPEN_PATHS = frozenset({"/ping", "/health", "/live"})
 KEY_ENTRY = "lmi_api_key_entry"
 _ENTRY_FIELDS = {"name", "key", "weight", "requests_per_second", "tokens_per_minute"}
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")

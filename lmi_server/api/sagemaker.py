@@ -44,6 +44,14 @@ async def ping(request: Request):
     return JSONResponse({"status": state.status if state.status != "ready" else "unhealthy", "detail": detail}, status_code=503)
 
 
+@router.get("/live", include_in_schema=False)
+async def live():
+    """Liveness for orchestrators: 200 while the process serves HTTP, starting and draining
+    included (/ping's 503 then means "send no new work", not "restart me"). A dead engine ends the
+    process itself (lifecycle.engine_watchdog)."""
+    return JSONResponse({"status": "alive"})
+
+
 def _schemas():
     return [
         ("lmi", LMIRequest, "inputs"),
