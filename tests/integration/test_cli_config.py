@@ -67,3 +67,28 @@ def test_auto_config_prints_the_plan_with_reasons(tmp_path):
     plan = json.loads(out.stdout)["lmcache_plan"]
     assert plan["source"] == "auto"
     assert plan["reasons"] and any("bytes per token" in r.lower() or "kv" in r.lower() for r in plan["reasons"])
+
+
+def test_lmi_simplified_setup_variables_reach_the_engine_arguments(tmp_path):
+    env = {"MAX_BATCH_SIZE": "4", "TENSOR_PARALLEL_DEGREE": "max", "HF_REVISION": "v1", "MAX_CONCURRENT_REQUESTS": "3",
+           "SAGEMAKER_NUM_MODEL_WORKERS": "2", "CUDA_VISIBLE_DEVICES": ""}
+    out = run_config(tmp_path, "option.admission_policy=fifo\n", env)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["vllm_engine_args"]["max_num_seqs"] == 4 and doc["vllm_engine_args"]["revision"] == "v1"
+    assert doc["vllm_engine_args"]["tensor_parallel_size"] == 1  # max on a CPU host
+    assert doc["server"]["job_queue_size"] == 3
+    assert doc["lmi_translated"]["MAX_CONCURRENT_REQUESTS"] == "job_queue_size=3"
+    assert "SAGEMAKER_NUM_MODEL_WORKERS" in doc["not_applicable"]
+    assert "SAGEMAKER_NUM_MODEL_WORKERS is not applicable here" in out.stderr  # one log line says why
+
+
+def test_lmi_lmcache_recipe_starts_this_servers_lmcache(tmp_path):
+    recipe = 'option.kv_transfer_config={"kv_connector":"LMCacheConnectorV1", "kv_role":"kv_both"}\n'
+    (tmp_path / "cpu.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")  # LMI's CPU-backend file
+    out = run_config(tmp_path, recipe, {"LMCACHE_CONFIG_FILE": "cpu.yaml", "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["lmcache"]["lmcache_config_file"] == "cpu.yaml"
+    assert doc["lmcache_plan"]["mode"] == "mp"
+    assert doc["vllm_engine_args"]["kv_transfer_config"]["kv_role"] == "kv_both"
