@@ -55,13 +55,10 @@ LMI_TABLE_END = "<!-- lmi-keys:end -->"
 _KIND = {"env": "environment", "top-level": "top-level key", "option": "option"}
 
 
-def _code_or_text(text: str) -> str:
-    return f"`{text}`" if " " not in text else text
-
-
 def _here(entry: LmiKey) -> str:
     if entry.here == "mapped":
-        text = "mapped to " + _code_or_text(entry.to or "")
+        to = entry.to or ""
+        text = f"mapped: {to}" if " " in to else f"mapped to `{to}`"
         if entry.transform == "negate":
             text += " (negated)"
         elif entry.transform == "mib_to_bytes":
