@@ -53,7 +53,6 @@ UNSUPPORTED_MARKS = {
     "is_prediction_handler": "@prediction_handler (custom prediction)",
 }
 UNSUPPORTED_NAMES = {
-    "handle": "handle() (a custom LMI handler)",
     "model_fn": "model_fn() (a SageMaker inference script)",
     "predict_fn": "predict_fn() (a SageMaker inference script)",
     "input_fn": "input_fn() (a SageMaker inference script)",
@@ -109,13 +108,14 @@ class Formatters:
     output: Callable | None = None
     payload_input: Callable | None = None
     response_output: Callable | None = None
+    handler: Callable | None = None  # LMI's custom `async def handle(inputs)` (model level only)
     owner: str = "adapter"  # who the script belongs to, for messages: "adapter 'x'" or "model"
     _in_arity: int = 2
     _out_arity: int = 2
 
     @property
     def empty(self) -> bool:
-        return not (self.input or self.output or self.payload_input or self.response_output)
+        return not (self.input or self.output or self.payload_input or self.response_output or self.handler)
 
     @property
     def has_input(self) -> bool:
@@ -208,7 +208,7 @@ def _marked(module, mark: str) -> Callable | None:
     return (own or found or [None])[-1]
 
 
-def _refuse_unsupported(label: str, script: Path, module) -> None:
+def _refuse_unsupported(label: str, script: Path, module, *, model_level: bool = False) -> None:
     for mark, what in UNSUPPORTED_MARKS.items():
         if _marked(module, mark) is not None:
             raise FormatterInvalid(
@@ -216,6 +216,15 @@ def _refuse_unsupported(label: str, script: Path, module) -> None:
                 "keep @input_formatter / @output_formatter only"
             )
     has_formatter = _marked(module, LMI_INPUT_MARK) or _marked(module, LMI_OUTPUT_MARK)
+    handler = getattr(module, "handle", None)
+    if callable(handler) and not model_level:
+        raise FormatterInvalid(
+            f"{label}: {script.name} defines handle(); a custom handler belongs in the model directory's "
+            "model.py (an adapter's model.py may define @input_formatter / @output_formatter)"
+        )
+    if callable(handler) and not inspect.iscoroutinefunction(handler):
+        raise FormatterInvalid(f"{label}: {script.name} defines handle() but not as `async def handle(inputs)`; LMI runs it async")
+    has_formatter = has_formatter or callable(handler)
     for attr, what in UNSUPPORTED_NAMES.items():
         if not has_formatter and callable(getattr(module, attr, None)):
             raise FormatterInvalid(
@@ -265,14 +274,16 @@ def load_model_formatters(model_dir: Path | None) -> Formatters:
     label = f"model directory {str(model_dir)!r}"
     name = unique_module_name("model", model_dir)
     module = _import_script(label, script, name)
-    _refuse_unsupported(label, script, module)
+    _refuse_unsupported(label, script, module, model_level=True)
+    handler = getattr(module, "handle", None)
     found = Formatters(
         module_name=name, payload_input=_marked(module, LMI_INPUT_MARK),
         response_output=_marked(module, LMI_OUTPUT_MARK), owner="the model",
+        handler=handler if callable(handler) else None,
     )
     if found.empty:
         raise FormatterInvalid(
             f"{label}: {script.name} marks no function with @input_formatter / @output_formatter "
-            "(from djl_python.input_parser / djl_python.output_formatter)"
+            "(from djl_python.input_parser / djl_python.output_formatter) and defines no async handle()"
         )
     return found

@@ -128,6 +128,10 @@ async def lmi_model_resolver(request: Request, req: Any) -> str | None:
         if len(distinct) > 1:
             raise APIError(424, f"one adapter per request; got {distinct} (send one request per adapter)", lmi=True)
         name = distinct[0] if distinct else None
+    model = getattr(req, "model", None)
+    registry = _registry(request)
+    if name is None and model and model != "lmi" and registry is not None and not registry.backend.is_base_model(model):
+        name = model
     if not name:
         return None
     await use_adapter(request, name, "lmi", req, lmi=True)

@@ -21,6 +21,7 @@ from lmi_server.api.errors import install_error_handlers
 from lmi_server.api.sessions import SessionHook, SessionStore
 from lmi_server.api.tenants import Tenants
 from lmi_server.adapters.formatters import FormatterError, load_model_formatters
+from lmi_server.api.custom_handler import handler_properties
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import EngineOwner
 from lmi_server.model_requirements import RequirementsError, install_requirements
@@ -135,6 +136,7 @@ def create_app(
     app.state.lmi_model_resolver = _lmi_base_model
     app.state.cache_salter = _client_salt_only
     app.state.model_formatters = model_formatters  # the model directory's model.py (LMI's contract)
+    app.state.handler_properties = handler_properties(cfg)  # what a custom handle() gets as properties
     app.state.session_hook = SessionHook(
         cfg.sessions.enable_stateful_sessions,
         SessionStore(cfg.sessions.sessions_expiration, cfg.sessions.sessions_path, max_sessions=cfg.sessions.max_sessions),

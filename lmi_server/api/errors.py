@@ -74,14 +74,21 @@ def validation_message(errors: list[dict[str, Any]], limit: int = 5) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+def prompt_too_long(message: str, param: str | None = None) -> bool:
+    text = message.lower()
+    return param in ("input_tokens", "prompt") or "context length" in text or "maximum context" in text or "too long" in text
+
+
 def from_vllm_error(error_response: Any, *, lmi: bool = False) -> APIError:
-    """vLLM's ErrorResponse -> APIError (status kept; LMI-schema failures become 424)."""
+    """vLLM's ErrorResponse -> APIError, status kept. On /invocations (LMI) a prompt that does not
+    fit is 424, as LMI's integration tests expect; a bad parameter value stays vLLM's 400."""
     err = getattr(error_response, "error", error_response)
     status = int(getattr(err, "code", 400) or 400)
     message = str(getattr(err, "message", error_response))
-    if lmi and status not in (404, 413, 429, 503):
+    param = getattr(err, "param", None)
+    if lmi and status == 400 and prompt_too_long(message, param):
         status = 424
-    return APIError(status, message, param=getattr(err, "param", None), lmi=lmi)
+    return APIError(status, message, param=param, lmi=lmi)
 
 
 def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | None:
@@ -103,8 +110,11 @@ def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | 
         param = getattr(exc, "parameter", None)
         # A prompt that does not fit the context is a bad request (400, as OpenAI answers);
         # a sampling parameter out of range is an unprocessable value (422).
-        too_long = param in ("input_tokens", "prompt") or "context length" in str(exc)
-        status = 424 if lmi else (400 if too_long or param is None else 422)
+        too_long = prompt_too_long(str(exc), param)
+        if lmi:
+            status = 424 if too_long else 400
+        else:
+            status = 400 if too_long or param is None else 422
         return APIError(status, str(exc), param=param, lmi=lmi)
     return None
 

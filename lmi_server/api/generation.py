@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
@@ -151,16 +152,52 @@ def admission_ticket(request: Request) -> Any:
     return request.scope.get("state", {}).get(TICKET_KEY)
 
 
-async def as_response(result: Any, request: Request, headers: dict[str, str] | None = None):
-    """vLLM's result as a response, with the output formatter (if any) applied."""
+def served_name(state) -> str | None:
+    """The base model's first served name (what LMI calls the model: "lmi" stands for it)."""
+    models = getattr(getattr(state, "serving", None), "openai_serving_models", None)
+    paths = getattr(models, "base_model_paths", None) or []
+    return paths[0].name if paths else None
+
+
+async def sse_to_jsonl(body: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """vLLM's SSE events as jsonlines (LMI's stream on /invocations): one JSON object per line,
+    `[DONE]` dropped, an error event as LMI's flat `{"error": ..., "code": ...}`."""
+    async for chunk in body:
+        text = chunk.decode("utf-8") if isinstance(chunk, bytes) else str(chunk)
+        out = []
+        for line in text.splitlines():
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            if not data or data == "[DONE]":
+                continue
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                out.append(data)
+                continue
+            if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict) and "choices" not in parsed:
+                err = parsed["error"]
+                data = json.dumps({"error": err.get("message", str(err)), "code": err.get("code", 424)})
+            out.append(data)
+        if out:
+            yield ("\n".join(out) + "\n").encode("utf-8")
+
+
+async def as_response(result: Any, request: Request, headers: dict[str, str] | None = None, stream_kind: str = "sse"):
+    """vLLM's result as a response, with the output formatter (if any) applied. Streams are SSE
+    (the OpenAI routes) or jsonlines (`stream_kind="jsonl"`: /invocations, as LMI sends them)."""
+    media = "text/event-stream" if stream_kind == "sse" else "application/jsonlines"
     if response_formatter(request) is not None:
         if is_stream(result):
             track_stream(request, result)
-            body = yielding(await formatted_stream(request, result, "sse"), admission_ticket(request))
-            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+            body = yielding(await formatted_stream(request, result, stream_kind), admission_ticket(request))
+            return StreamingResponse(body, media_type=media, headers=headers)
         return formatted_response(request, result, headers)
     if is_stream(result):
         track_stream(request, result)
-        body = yielding(await format_stream(request, result, "sse"), admission_ticket(request))
-        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        body = await format_stream(request, result, "sse")
+        if stream_kind == "jsonl":
+            body = sse_to_jsonl(body)
+        return StreamingResponse(yielding(body, admission_ticket(request)), media_type=media, headers=headers)
     return JSONResponse(format_json(request, result.model_dump(exclude_none=False)), headers=headers)

@@ -117,55 +117,44 @@ def formatted_response(request: Request, result: Any, headers: dict[str, str] | 
     return Response(content, media_type=media, headers=headers)
 
 
-def _chunk_object(data: dict) -> Any:
-    """A streamed chunk as vLLM's own chunk type, so that formatters see what they see in LMI."""
-    kind = data.get("object")
-    try:
-        if kind == "chat.completion.chunk":
-            from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStreamResponse
-
-            return ChatCompletionStreamResponse.model_validate(data)
-        if kind == "text_completion":
-            from vllm.entrypoints.openai.completion.protocol import CompletionStreamResponse
-
-            return CompletionStreamResponse.model_validate(data)
-    except Exception:  # noqa: BLE001 - an unexpected shape is handed over as the dict it is
-        log.debug("stream chunk kept as a dict", exc_info=True)
-    return data
-
-
 def _events(text: str) -> list[str]:
-    return [line[len("data: "):].strip() for line in text.splitlines() if line.startswith("data: ")]
+    return [line[len("data:"):].strip() for line in text.splitlines() if line.startswith("data:")]
 
 
 class _ChunkFormatter:
-    """Feeds each streamed event's chunk object to the formatter (the interface of
-    `hold_until_formatted`: `feed(data, last)` and `called`). vLLM's generators yield whole events."""
+    """Feeds each streamed event to the formatter as LMI's handler does: the raw chunk string
+    vLLM yields (`'data: {...}\\n\\n'`; on /invocations `'data: [DONE]\\n\\n'` too, while the
+    OpenAI routes keep that end marker as it is); what it returns is one line of the response (the interface of `hold_until_formatted`: `feed(data, last)` and `called`)."""
 
     def __init__(self, formatters: Formatters, kind: str):
         self.formatters = formatters
         self.kind = kind  # sse | jsonl
         self.called = False
 
+    def _line(self, raw: bytes) -> bytes:
+        if self.kind == "sse" and not raw.startswith(b"data:"):
+            return b"data: " + raw.rstrip(b"\n") + b"\n\n"
+        return raw if raw.endswith(b"\n") else raw + b"\n"
+
     def feed(self, data: bytes, last: bool) -> bytes:
         out: list[bytes] = []
         for event in _events(data.decode("utf-8")):
-            if event == "[DONE]":
-                if self.kind == "sse":
-                    out.append(b"data: [DONE]\n\n")
+            chunk = f"data: {event}\n\n"
+            if event == "[DONE]" and self.kind == "sse":
+                out.append(b"data: [DONE]\n\n")  # the OpenAI routes keep the protocol's end marker
                 continue
-            try:
-                parsed = json.loads(event)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed:
-                raw = json.dumps(parsed).encode()  # vLLM's own mid-stream error: passed on as it is
-            else:
-                self.called = True
-                raw = _encode(self.formatters.format_response(_chunk_object(parsed)))
-            if raw is None:
-                continue
-            out.append(b"data: " + raw + b"\n\n" if self.kind == "sse" else raw + b"\n")
+            if event != "[DONE]":
+                try:
+                    parsed = json.loads(event)
+                except json.JSONDecodeError:
+                    parsed = None
+                if isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed:
+                    out.append(self._line(json.dumps(parsed).encode()))  # vLLM's own mid-stream error, as it is
+                    continue
+            self.called = True
+            raw = _encode(self.formatters.format_response(chunk))
+            if raw:
+                out.append(self._line(raw))
         return b"".join(out)
 
 

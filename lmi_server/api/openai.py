@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import admit, as_response, call_serving, engine_state
+from lmi_server.api.generation import admit, as_response, call_serving, engine_state, served_name
 from lmi_server.api.lmi_formatters import apply_payload_formatter
 from lmi_server.api.admission import BadPriority
 from lmi_server.api.tenants import body_priority
@@ -84,23 +84,35 @@ def reject_foreign_messages(parsed, state) -> None:
     )
 
 
-async def _generate(request: Request, parsed, headers: dict[str, str] | None, create):
+LMI_MODEL_NAME = "lmi"  # LMI's served name when none is set: LMI clients send it
+
+
+def lmi_model_alias(parsed, state) -> None:
+    """`"model": "lmi"` names the base model, as in LMI (unless a model is really served as "lmi")."""
+    if getattr(parsed, "model", None) == LMI_MODEL_NAME:
+        name = served_name(state)
+        if name is not None and name != LMI_MODEL_NAME:
+            parsed.model = name
+
+
+async def _generate(request: Request, parsed, headers: dict[str, str] | None, create, stream_kind: str = "sse"):
     """Resolve the model/adapter, call one of vLLM's serving methods, shape the response."""
     state = engine_state(request)
     reject_foreign_messages(parsed, state)
+    lmi_model_alias(parsed, state)
     await request.app.state.model_resolver(request, parsed)
     request.app.state.cache_salter(request, parsed)
     await admit(request, state, parsed=parsed)
-    result = await call_serving(create(state.serving)(parsed, request), request)
-    return await as_response(result, request, headers)
+    result = await call_serving(create(state.serving)(parsed, request), request, lmi=stream_kind == "jsonl")
+    return await as_response(result, request, headers, stream_kind)
 
 
-async def chat_completion(request: Request, parsed, headers: dict[str, str] | None = None):
-    return await _generate(request, parsed, headers, lambda serving: serving.openai_serving_chat.create_chat_completion)
+async def chat_completion(request: Request, parsed, headers: dict[str, str] | None = None, stream_kind: str = "sse"):
+    return await _generate(request, parsed, headers, lambda serving: serving.openai_serving_chat.create_chat_completion, stream_kind)
 
 
-async def completion(request: Request, parsed, headers: dict[str, str] | None = None):
-    return await _generate(request, parsed, headers, lambda serving: serving.openai_serving_completion.create_completion)
+async def completion(request: Request, parsed, headers: dict[str, str] | None = None, stream_kind: str = "sse"):
+    return await _generate(request, parsed, headers, lambda serving: serving.openai_serving_completion.create_completion, stream_kind)
 
 
 async def _read_and_parse(request: Request, request_type):

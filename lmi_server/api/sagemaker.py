@@ -10,16 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from lmi_server.api import openai as openai_routes
-from lmi_server.api.adapter_routing import format_json, format_stream
-from lmi_server.api.body import read_json_body
+from lmi_server.api.adapter_routing import ADAPTER_HEADER, format_json, format_stream
+from lmi_server.api.body import RAW_BODY_KEY, read_json_body
+from lmi_server.api.custom_handler import run_custom_handler
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import admission_ticket, admit, call_serving, engine_state, track_stream, yielding
+from lmi_server.api.generation import admission_ticket, admit, call_serving, engine_state, served_name, track_stream, yielding
 from lmi_server.api.lmi_formatters import apply_payload_formatter, formatted_response, formatted_stream, response_formatter
-from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
+from lmi_server.api.lmi_protocol import LMIRequest, ParameterError, format_response, stream_jsonlines, to_completion_body
 
 router = APIRouter()
 
@@ -60,41 +61,82 @@ def _schemas():
     ]
 
 
+def _parameter_errors(exc: ValidationError) -> list[dict]:
+    return [e for e in exc.errors() if tuple(e.get("loc", ()))[:1] == ("parameters",)]
+
+
 def detect_schema(body: Any) -> tuple[str, Any]:
+    """The first request type the body validates as. A body that fails the schema its marker
+    names is LMI's 424 ("Input parsing failed"), except a bad generation parameter: a 400 that
+    names it."""
     if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object")
+        raise APIError(400, "request body must be a JSON object", lmi=True)
     failures: dict[str, str] = {}
+    bad_parameters: dict[str, list[dict]] = {}
     for name, model, _ in _schemas():
         try:
             return name, model.model_validate(body)
         except ValidationError as exc:
             failures[name] = validation_message(exc.errors())
+            bad_parameters[name] = _parameter_errors(exc) if len(_parameter_errors(exc)) == len(exc.errors()) else []
         except Exception as exc:  # noqa: BLE001 - vLLM's validators raise their own client errors
             failures[name] = str(exc)
     for name, _, marker in _schemas():
         if marker in body:
-            status = 424 if name == "lmi" else 422
-            raise APIError(status, f"invalid {name} request: {failures[name]}", lmi=name == "lmi")
+            if bad_parameters.get(name):
+                raise APIError(400, f"invalid parameters: {failures[name]}", lmi=True)
+            raise APIError(424, f"Input parsing failed: invalid {name} request: {failures[name]}", lmi=True)
     raise APIError(
-        400,
-        "request body matches none of the accepted schemas: LMI {\"inputs\": \"...\", \"parameters\": {...}}, "
-        "OpenAI chat {\"messages\": [...]} or OpenAI completion {\"prompt\": \"...\"}",
+        424,
+        "Input parsing failed: the body matches none of the accepted schemas: LMI {\"inputs\": \"...\", "
+        "\"parameters\": {...}}, OpenAI chat {\"messages\": [...]} or OpenAI completion {\"prompt\": \"...\"}",
+        lmi=True,
     )
+
+
+def adapter_in_body(request: Request, body: Any) -> Any:
+    """LMI reads the body field `adapters` in any schema: for a chat or completion body it names
+    the adapter as `model` does (the header still wins), and is not passed on to vLLM."""
+    if not isinstance(body, dict) or "inputs" in body or "adapters" not in body:
+        return body
+    body = dict(body)
+    names = body.pop("adapters")
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names) or len(set(names)) > 1:
+        raise APIError(424, "Input parsing failed: adapters must name one adapter (a string, or a list of one name)", lmi=True)
+    if names and not request.headers.get(ADAPTER_HEADER):
+        body["model"] = names[0]
+    return body
 
 
 @router.post("/invocations")
 async def invocations(request: Request):
-    body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
-    session_headers = await request.app.state.session_hook(request, body)
-    if isinstance(session_headers, JSONResponse):
-        return session_headers
-    body = apply_payload_formatter(request, body, lmi=True)  # LMI's input formatter: any body shape in
-    schema, parsed = detect_schema(body)
-    if schema == "chat":
-        return await openai_routes.chat_completion(request, parsed, session_headers)
-    if schema == "completion":
-        return await openai_routes.completion(request, parsed, session_headers)
-    return await lmi_generate(request, parsed, session_headers)
+    """parse -> session -> custom handler -> format in -> schema -> serve (adapter, admission,
+    format out) -> respond; every error in LMI's flat body."""
+    try:
+        body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
+        session_headers = await request.app.state.session_hook(request, body)
+        if isinstance(session_headers, Response):
+            return session_headers
+        handler = getattr(request.app.state.model_formatters, "handler", None)
+        if handler is not None:
+            handled = await run_custom_handler(request, handler, request.scope["state"].get(RAW_BODY_KEY, b""))
+            if handled is not None:
+                return handled
+        body = apply_payload_formatter(request, body, lmi=True)  # LMI's input formatter: any body shape in
+        schema, parsed = detect_schema(adapter_in_body(request, body))
+        if schema == "chat":
+            return await openai_routes.chat_completion(request, parsed, session_headers, stream_kind="jsonl")
+        if schema == "completion":
+            return await openai_routes.completion(request, parsed, session_headers, stream_kind="jsonl")
+        return await lmi_generate(request, parsed, session_headers)
+    except APIError as exc:
+        exc.lmi = True  # /invocations answers errors as LMI does: {"error": ..., "code": ...}
+        raise
+
+
+def _completion_fields() -> set[str]:
+    return set(openai_routes.completion_request_type().model_fields)
 
 
 async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str] | None):
@@ -103,17 +145,20 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
         raise APIError(424, "streaming takes a single input; send one request per input", lmi=True)
     model = await request.app.state.lmi_model_resolver(request, req)
     try:
-        completion_req = openai_routes.completion_request_type().model_validate(to_completion_body(req, model))
+        completion_body = to_completion_body(req, model or served_name(state), _completion_fields())
+        completion_req = openai_routes.completion_request_type().model_validate(completion_body)
+    except ParameterError as exc:
+        raise APIError(400, str(exc), param=exc.param, lmi=True) from None
     except ValidationError as exc:
-        raise APIError(424, f"invalid parameters: {validation_message(exc.errors())}", lmi=True) from None
+        raise APIError(400, f"invalid parameters: {validation_message(exc.errors())}", lmi=True) from None
     except Exception as exc:  # noqa: BLE001 - vLLM's own request validators
-        raise APIError(424, f"invalid parameters: {exc}", lmi=True) from None
+        raise APIError(400, f"invalid parameters: {exc}", lmi=True) from None
     request.app.state.cache_salter(request, completion_req)
     await admit(request, state, lmi=True, parsed=completion_req)
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )
-    if response_formatter(request) is not None:  # LMI's output formatter gets vLLM's response objects
+    if response_formatter(request) is not None:  # LMI's output formatter gets vLLM's response (raw chunks when streaming)
         if req.stream:
             track_stream(request, result)
             body = yielding(await formatted_stream(request, result, "jsonl"), admission_ticket(request))

@@ -46,6 +46,10 @@ CLOSED_SESSION_HEADER = SageMakerSessionHeader.CLOSED_SESSION_ID
 _ID = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
 
 
+class SessionExpired(APIError):
+    """A session past its expiry: LMI serves the request as if no session were named."""
+
+
 @dataclass
 class Session:
     id: str
@@ -134,15 +138,16 @@ class SessionStore:
         return session
 
     def check(self, session_id: str) -> Session:
-        """The live session, or a 400 that says whether the id is unknown, closed or expired."""
+        """The live session, or LMI's 424 that says whether the id is unknown or closed, or
+        SessionExpired (LMI then serves the request without its session)."""
         session = self._sessions.get(session_id) if _ID.match(session_id) else None
         if session is None:
-            raise APIError(400, f"session {session_id!r} is unknown; open one with {{\"requestType\": \"NEW_SESSION\"}}")
+            raise APIError(424, f"session not found: {session_id!r} is unknown; open one with {{\"requestType\": \"NEW_SESSION\"}}", lmi=True)
         if self.clock() >= session.expires_at:
             self._forget(session_id)  # swept on access
-            raise APIError(400, f"session {session_id!r} expired at {utc(session.expires_at)}")
+            raise SessionExpired(400, f"session {session_id!r} expired at {utc(session.expires_at)}", lmi=True)
         if session.closed:
-            raise APIError(400, f"session {session_id!r} was closed")
+            raise APIError(424, f"session not found: {session_id!r} was closed", lmi=True)
         return session
 
     def close(self, session_id: str) -> Session:
@@ -199,14 +204,24 @@ class SessionHook:
             validate_session_request(body)
         if request_type == "NEW_SESSION":
             session = self.store.create()
+            announced = f"{session.id}; Expires={utc(session.expires_at)}"
+            # SageMaker reads X-Amzn-SageMaker-New-Session-Id; LMI's handler and its clients read
+            # X-Amzn-SageMaker-Session-Id: both are sent.
             return JSONResponse(
-                {"session_id": session.id, "expires": utc(session.expires_at)},
-                headers={NEW_SESSION_HEADER: f"{session.id}; Expires={utc(session.expires_at)}"},
+                {"result": f"Session {session.id} created", "session_id": session.id, "expires": utc(session.expires_at)},
+                headers={NEW_SESSION_HEADER: announced, SESSION_HEADER: announced},
             )
         if request_type == "CLOSE":
             if not session_id:
                 raise APIError(400, f"CLOSE needs the {SESSION_HEADER} header naming the session")
             session = self.store.close(session_id)
-            return JSONResponse({"closed_session_id": session.id}, headers={CLOSED_SESSION_HEADER: session.id})
-        self.store.check(session_id)
+            return JSONResponse(
+                {"result": f"Session {session.id} closed", "closed_session_id": session.id},
+                headers={CLOSED_SESSION_HEADER: session.id},
+            )
+        try:
+            self.store.check(session_id)
+        except SessionExpired as exc:
+            log.info("sessions: %s; served without it, as LMI does", exc.message)
+            return None
         return {SESSION_HEADER: session_id}

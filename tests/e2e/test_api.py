@@ -122,8 +122,10 @@ def test_invocations_lmi_streams_jsonlines(server):
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("application/jsonlines")
         lines = [json.loads(line) for line in r.iter_lines() if line.strip()]
-    tokens = [line["token"] for line in lines[:-1]]
-    assert len(tokens) == 8 and all(isinstance(t["id"], int) for t in tokens)
+    # LMI's shape: a token on every line (with its log probability), the text on the last one
+    tokens = [line["token"] for line in lines]
+    assert len(tokens) == 8 and all(isinstance(t["id"], int) and t["log_prob"] <= 0 for t in tokens)
+    assert all(line["generated_text"] is None for line in lines[:-1])
     assert lines[-1]["generated_text"] == "".join(t["text"] for t in tokens)
     full = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "ignore_eos": True}}).json()
     assert full["generated_text"] == lines[-1]["generated_text"]
@@ -139,9 +141,39 @@ def test_invocations_chat_schema_streams_openai_chunks(server):
     body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True}
     with httpx.stream("POST", server.base_url + "/invocations", json=body, timeout=120) as r:
         assert r.status_code == 200
-        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    assert all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1])
+        assert r.headers["content-type"].startswith("application/jsonlines")  # LMI streams jsonlines on /invocations
+        lines = [line for line in r.iter_lines() if line.strip()]
+    chunks = [json.loads(line) for line in lines]
+    assert chunks and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert any(c["choices"] and c["choices"][0].get("finish_reason") for c in chunks)
+
+
+def test_invocations_passes_vllm_sampling_parameters_through(server):
+    params = {"max_new_tokens": 6, "min_p": 0.05, "stop_token_ids": [], "include_stop_str_in_output": False,
+              "skip_special_tokens": True, "ignore_eos_token": True, "repetition_penalty": 1.0, "details": True,
+              "decoder_input_details": True}
+    r = post(server, "/invocations", {"inputs": PROMPT, "parameters": params})
+    assert r.status_code == 200, r.text
+    details = r.json()["details"]
+    assert details["generated_tokens"] == 6 and details["finish_reason"] == "length"
+    prefill = details["prefill"]  # the prompt's tokens with their log probabilities
+    assert len(prefill) >= 2 and prefill[0]["log_prob"] is None and all(t["log_prob"] <= 0 for t in prefill[1:])
+    assert "".join(t["text"] for t in prefill[1:]) in PROMPT
+
+
+def test_invocations_reports_a_stop_sequence_stop_as_lmi_does(server):
+    first = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "ignore_eos_token": True}})
+    word = first.json()["generated_text"].strip().split()[0]
+    r = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "stop_sequences": [word], "details": True}})
+    assert r.status_code == 200, r.text
+    assert r.json()["details"]["finish_reason"] == "stop_sequence", r.text
+
+
+def test_invocations_model_lmi_names_the_base_model(server):
+    r = post(server, "/invocations", {"model": "lmi", "prompt": "import sys", "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    r = post(server, "/invocations", {"model": "lmi", "inputs": "import sys", "parameters": {"max_new_tokens": 3}})
+    assert r.status_code == 200, r.text
 
 
 def test_invocations_completion_schema(server):
@@ -159,12 +191,14 @@ def test_invocations_completion_schema(server):
         ("/invocations", {"content": b'{"inputs": "x",'}, 400, "not valid JSON"),
         ("/invocations", {"content": b""}, 400, "empty"),
         ("/invocations", {"body": [1, 2]}, 400, "JSON object"),
-        ("/invocations", {"body": {"question": "hi"}}, 400, "none of the accepted schemas"),
-        ("/invocations", {"body": {"inputs": "x", "parameters": {"max_new_tokens": "many"}}}, 424, "max_new_tokens"),
-        ("/invocations", {"body": {"inputs": "x", "parameters": {"temprature": 0.5}}}, 424, "temprature"),
-        ("/invocations", {"body": {"inputs": "x", "parameters": {"top_p": 3}}}, 424, "top_p"),
+        ("/invocations", {"body": {"question": "hi"}}, 424, "none of the accepted schemas"),
+        ("/invocations", {"body": {"inputs": "x", "parameters": {"max_new_tokens": "many"}}}, 400, "max_new_tokens"),
+        ("/invocations", {"body": {"inputs": "x", "parameters": {"temprature": 0.5}}}, 400, "temprature"),
+        ("/invocations", {"body": {"inputs": "x", "parameters": {"top_p": 3}}}, 400, "top_p"),
+        ("/invocations", {"body": {"inputs": "x", "parameters": {"min_p": "low"}}}, 400, "min_p"),
+        ("/invocations", {"body": {"inputs": "x", "parameters": {"temperature": -1, "do_sample": True}}}, 400, "temperature"),
         ("/invocations", {"body": {"inputs": "word " * 5000, "parameters": {"max_new_tokens": 4}}}, 424, "context length"),
-        ("/invocations", {"body": {"messages": "not a list"}}, 422, "messages"),
+        ("/invocations", {"body": {"messages": "not a list"}}, 424, "messages"),
         ("/v1/chat/completions", {"body": {"model": "lmi-demo", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}}, 422, "temperature"),
         ("/v1/completions", {"body": {"model": "lmi-demo", "prompt": "x", "max_tokens": -3}}, 422, "max_tokens"),
         ("/v1/completions", {"body": {"model": "lmi-demo", "prompt": "word " * 5000, "max_tokens": 4}}, 400, "context length"),

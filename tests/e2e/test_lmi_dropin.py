@@ -31,6 +31,18 @@ from djl_python.input_parser import input_formatter
 from djl_python.output_formatter import output_formatter
 
 import helpers  # a module beside model.py
+from djl_python.async_utils import create_non_stream_output
+
+
+async def handle(inputs: Input):
+    """LMI's custom handler: takes requests that ask for it, leaves the rest to the server."""
+    payload = decode(inputs, inputs.get_property("Content-Type"))
+    if payload.get("handler") != "custom":
+        return None
+    if payload.get("fail"):
+        raise RuntimeError("custom handler intentionally failed")
+    props = inputs.get_properties()
+    return create_non_stream_output({"custom_handler_used": True, "echo": payload.get("inputs"), "model_id": props.get("model_id")})
 
 
 @input_formatter
@@ -50,11 +62,13 @@ def custom_input_formatter(decoded_payload, tokenizer=None, **kwargs):
 
 @output_formatter
 def custom_output_formatter(response):
-    kind = type(response).__name__
-    if kind == "ChatCompletionStreamResponse":
-        return {"piece": response.choices[0].delta.content if response.choices else None, "formatted_by": "model"}
-    if kind == "CompletionStreamResponse":
-        return {"piece": response.choices[0].text if response.choices else None, "formatted_by": "model"}
+    if isinstance(response, str):  # a stream chunk, the string vLLM yields: "data: {...}"
+        data = response[len("data: "):].strip()
+        if data == "[DONE]":
+            return {"piece": None, "done": True, "formatted_by": "model"}
+        choice = (json.loads(data).get("choices") or [{}])[0]
+        piece = choice["text"] if "text" in choice else (choice.get("delta") or {}).get("content")
+        return {"piece": piece, "formatted_by": "model"}
     choice = response.choices[0]
     text = choice.message.content if hasattr(choice, "message") else choice.text
     return helpers.wrap(text, response)
@@ -147,6 +161,19 @@ def test_each_stream_chunk_goes_through_the_output_formatter(lmi_dir):
         assert r.status_code == 200
         lines = [json.loads(line) for line in r.iter_lines() if line.strip()]
     assert lines and all(line["formatted_by"] == "model" for line in lines)
+    assert lines[-1]["done"] is True  # LMI hands the formatter the end marker too
+
+
+def test_a_custom_handle_takes_the_requests_it_wants_and_leaves_the_rest(lmi_dir):
+    r = post(lmi_dir, "/invocations", {"handler": "custom", "inputs": "hello"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["custom_handler_used"] is True and body["echo"] == "hello" and body["model_id"]  # the model's properties
+    failed = post(lmi_dir, "/invocations", {"handler": "custom", "fail": True})
+    assert failed.status_code == 424 and failed.json()["code"] == 424
+    assert "Custom handler failed" in failed.json()["error"] and "intentionally failed" in failed.json()["error"]
+    served = post(lmi_dir, "/invocations", {"inputs": "def f():", "parameters": {"max_new_tokens": 3}})
+    assert served.status_code == 200 and served.json()["formatted_by"] == "model"  # returned None: the server served it
 
 
 def test_an_adapters_own_formatter_wins_for_its_requests(lmi_dir):

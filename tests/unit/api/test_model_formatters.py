@@ -18,7 +18,7 @@ def test_a_model_level_script_is_loaded_at_start_up(tmp_path):
     ("script", "reason"),
     [
         ("import no_such_module_for_model_py\n", "ModuleNotFoundError"),
-        ("def handle(inputs):\n    return None\n", "handle() (a custom LMI handler)"),
+        ("def handle(inputs):\n    return None\n", "not as `async def handle(inputs)`"),
         ("def output_formatter(text):\n    return text\n", "marks no function with @input_formatter"),
     ],
 )

@@ -22,7 +22,7 @@ from lmi_server.api.errors import (
     stream_error_event,
     validation_message,
 )
-from lmi_server.api.lmi_protocol import LMIRequest, format_response, stream_jsonlines, to_completion_body
+from lmi_server.api.lmi_protocol import LMIRequest, ParameterError, finish_reason, format_response, stream_jsonlines, to_completion_body
 from lmi_server.api.sagemaker import detect_schema
 
 # ---------------------------------------------------------------------------------- LMI protocol
@@ -36,27 +36,61 @@ def test_lmi_request_validation():
             LMIRequest.model_validate(bad)
 
 
+VLLM_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+               "include_stop_str_in_output", "skip_special_tokens", "logprobs", "prompt_logprobs", "min_tokens", "n",
+               "truncate_prompt_tokens", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+
+
 def test_greedy_unless_sampling_is_asked():
     body = to_completion_body(LMIRequest.model_validate({"inputs": "hi"}), None)
-    assert body == {"prompt": "hi", "max_tokens": 30, "stream": False, "return_token_ids": True, "ignore_eos": False, "temperature": 0.0}
+    assert body == {"prompt": "hi", "max_tokens": 30, "stream": False, "return_token_ids": True, "temperature": 0.0}
     sampled = to_completion_body(LMIRequest.model_validate({"inputs": "hi", "parameters": {"top_p": 0.9}}), "ad")
     assert sampled["temperature"] == 1.0 and sampled["top_p"] == 0.9 and sampled["model"] == "ad"
     off = to_completion_body(LMIRequest.model_validate({"inputs": "hi", "parameters": {"top_p": 0.9, "do_sample": False}}), None)
     assert off["temperature"] == 0.0 and "top_p" not in off
 
 
-def test_lmi_names_become_vllm_names():
+def test_lmi_names_become_vllm_names_and_the_rest_passes_through():
     req = LMIRequest.model_validate({
         "inputs": ["a", "b"], "stream": False,
-        "parameters": {"min_new_tokens": 2, "seed": 7, "stop": ["x"], "stop_sequences": ["y"], "details": True, "top_n_tokens": 3},
+        "parameters": {"min_new_tokens": 2, "seed": 7, "stop": ["x"], "stop_sequences": ["y"], "details": True,
+                       "top_n_tokens": 3, "ignore_eos_token": True, "truncate": 5, "min_p": 0.1, "stop_token_ids": [3],
+                       "include_stop_str_in_output": True, "skip_special_tokens": False, "repetition_penalty": 1.1},
     })
-    body = to_completion_body(req, None)
+    body = to_completion_body(req, None, VLLM_FIELDS)
     assert body["min_tokens"] == 2 and body["seed"] == 7 and body["stop"] == ["x", "y"] and body["logprobs"] == 3
+    assert body["ignore_eos"] is True and body["truncate_prompt_tokens"] == 5 and body["min_p"] == 0.1
+    assert body["stop_token_ids"] == [3] and body["include_stop_str_in_output"] and body["skip_special_tokens"] is False
+    assert body["repetition_penalty"] == 1.1
     stream = to_completion_body(LMIRequest.model_validate({"inputs": "a", "stream": True}), None)
-    assert stream["stream_options"] == {"include_usage": True} and "logprobs" not in stream
+    # every streamed token carries its log probability, and usage arrives with each chunk
+    assert stream["stream_options"] == {"include_usage": True, "continuous_usage_stats": True} and stream["logprobs"] == 1
+    prefill = to_completion_body(LMIRequest.model_validate({"inputs": "a", "parameters": {"details": True, "decoder_input_details": True}}), None)
+    assert prefill["prompt_logprobs"] == 1
+    alone = to_completion_body(LMIRequest.model_validate({"inputs": "a", "parameters": {"decoder_input_details": True}}), None)
+    assert "prompt_logprobs" not in alone  # LMI returns the prefill with details only
 
 
-def test_format_response_single_list_full_text_and_details():
+def test_unknown_or_envelope_parameters_are_named():
+    with pytest.raises(ParameterError) as err:
+        to_completion_body(LMIRequest.model_validate({"inputs": "a", "parameters": {"temprature": 0.5}}), None, VLLM_FIELDS)
+    assert err.value.param == "temprature" and "parameters.temprature" in str(err.value)
+    with pytest.raises(ParameterError) as err:
+        to_completion_body(LMIRequest.model_validate({"inputs": "a", "parameters": {"stream": True}}), None, VLLM_FIELDS)
+    assert err.value.param == "stream"
+    with pytest.raises(ParameterError) as err:
+        to_completion_body(LMIRequest.model_validate({"inputs": "a", "stream": True, "parameters": {"decoder_input_details": True}}), None)
+    assert err.value.param == "decoder_input_details"
+
+
+def test_finish_reasons_follow_lmi():
+    assert finish_reason({"finish_reason": "stop", "stop_reason": None}) == "eos_token"
+    assert finish_reason({"finish_reason": "stop", "stop_reason": "###"}) == "stop_sequence"
+    assert finish_reason({"finish_reason": "stop", "stop_reason": 7}) == "stop_sequence"  # a stop token id
+    assert finish_reason({"finish_reason": "length"}) == "length"
+
+
+def test_format_response_single_list_full_text_details_and_prefill():
     completion = {"choices": [
         {"index": 1, "text": " two", "finish_reason": "length", "token_ids": [5], "logprobs": {"tokens": [" two"], "token_logprobs": [-0.5]}},
         {"index": 0, "text": " one", "finish_reason": "stop", "token_ids": [4], "logprobs": None},
@@ -67,6 +101,11 @@ def test_format_response_single_list_full_text_and_details():
     assert out[0]["details"]["finish_reason"] == "eos_token" and out[1]["details"]["tokens"] == [{"id": 5, "text": " two", "log_prob": -0.5}]
     single = LMIRequest.model_validate({"inputs": "a", "parameters": {"return_full_text": True}})
     assert format_response(single, {"choices": [{"index": 0, "text": "!"}]}) == {"generated_text": "a!"}
+    with_prefill = LMIRequest.model_validate({"inputs": "ab", "parameters": {"details": True, "decoder_input_details": True}})
+    choice = {"index": 0, "text": "c", "finish_reason": "length", "token_ids": [9], "prompt_token_ids": [1, 2],
+              "prompt_logprobs": [None, {2: {"logprob": -0.25, "decoded_token": "b"}, 3: {"logprob": -0.1, "decoded_token": "x"}}]}
+    details = format_response(with_prefill, {"choices": [choice]})["details"]
+    assert details["prefill"] == [{"id": 1, "text": "", "log_prob": None}, {"id": 2, "text": "b", "log_prob": -0.25}]
 
 
 def _collect(gen):
@@ -85,21 +124,27 @@ def _sse(*chunks):
     return gen()
 
 
-def test_stream_jsonlines_tokens_then_the_full_text():
+def test_stream_jsonlines_puts_the_text_and_details_on_the_last_token_line():
     req = LMIRequest.model_validate({"inputs": "p", "stream": True, "parameters": {"details": True}})
     sse = _sse(
-        {"choices": [{"text": "a", "token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}}]},
-        {"choices": [{"text": "b", "token_ids": [2], "finish_reason": "stop"}]},
+        {"choices": [{"text": "a", "token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}}], "usage": {"prompt_tokens": 3}},
+        {"choices": [{"text": "b", "token_ids": [2], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop", "stop_reason": "x"}],
+         "usage": {"prompt_tokens": 3}},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
     )
     lines = [json.loads(line) for line in _collect(stream_jsonlines(req, sse))]
-    assert lines[0] == {"token": {"id": 1, "text": "a", "log_prob": -1.0}, "generated_text": None}
-    assert lines[-1]["generated_text"] == "ab" and lines[-1]["details"] == {"finish_reason": "eos_token", "generated_tokens": 2, "inputs": "p"}
+    assert len(lines) == 2  # no separate closing line
+    assert lines[0] == {"index": 0, "token": {"id": 1, "text": "a", "log_prob": -1.0}, "generated_text": None, "details": None}
+    assert lines[-1]["token"] == {"id": 2, "text": "b", "log_prob": -0.5}
+    assert lines[-1]["generated_text"] == "ab"
+    assert lines[-1]["details"] == {"finish_reason": "stop_sequence", "generated_tokens": 2, "inputs": "p", "input_length": 3}
 
 
-def test_stream_jsonlines_error_event_ends_the_stream():
+def test_stream_jsonlines_error_event_ends_the_stream_as_lmi_clients_read_it():
     req = LMIRequest.model_validate({"inputs": "p", "stream": True})
     lines = _collect(stream_jsonlines(req, _sse({"choices": [{"text": "a", "token_ids": [1]}]}, {"error": {"message": "boom"}})))
-    assert json.loads(lines[-1]) == {"error": "boom", "code": 424}
+    last = json.loads(lines[-1])
+    assert last["details"]["finish_reason"] == "error" and last["error"] == "boom" and last["code"] == 424
 
 
 # ---------------------------------------------------------------------------------- schema detection
@@ -112,15 +157,18 @@ def test_detect_schema_by_validation_in_priority_order():
 
 
 def test_detect_schema_errors_name_the_closest_schema():
-    with pytest.raises(APIError) as err:
+    with pytest.raises(APIError) as err:  # a bad parameter: 400 naming it
         detect_schema({"inputs": "hi", "parameters": {"max_new_tokens": "many"}})
-    assert err.value.status == 424 and err.value.lmi and "max_new_tokens" in err.value.message
+    assert err.value.status == 400 and err.value.lmi and "max_new_tokens" in err.value.message
+    with pytest.raises(APIError) as err:  # a bad envelope: LMI's "Input parsing failed", 424
+        detect_schema({"inputs": 5})
+    assert err.value.status == 424 and err.value.message.startswith("Input parsing failed")
     with pytest.raises(APIError) as err:
         detect_schema({"messages": "not a list"})
-    assert err.value.status == 422 and "invalid chat request" in err.value.message
+    assert err.value.status == 424 and "invalid chat request" in err.value.message and err.value.lmi
     with pytest.raises(APIError) as err:
         detect_schema({"question": "hi"})
-    assert err.value.status == 400 and "matches none" in err.value.message
+    assert err.value.status == 424 and "matches none" in err.value.message
     with pytest.raises(APIError) as err:
         detect_schema(["inputs"])
     assert err.value.status == 400
@@ -151,7 +199,15 @@ def test_vllm_error_responses_keep_their_status_except_in_the_lmi_schema():
         error = Err()
 
     assert from_vllm_error(Response()).status == 400
-    assert from_vllm_error(Response(), lmi=True).status == 424
+    assert from_vllm_error(Response(), lmi=True).status == 424  # LMI's CI: input too long is a 424
+
+    class BadValue:
+        code, message, param = 400, "temperature must be non-negative", "temperature"
+
+    class ValueResponse:
+        error = BadValue()
+
+    assert from_vllm_error(ValueResponse(), lmi=True).status == 400  # a bad value stays vLLM's 400
 
 
 @pytest.mark.parametrize("exc, status", [

@@ -103,3 +103,29 @@ def test_session_body_is_validated_as_sagemaker_does():
     with pytest.raises(APIError, match="Extra inputs are not permitted") as err:
         validate_session_request({"requestType": "NEW_SESSION", "ttl": 5})
     assert err.value.status == 400
+
+
+def _hook_request(session_id=None):
+    from starlette.requests import Request
+
+    headers = [(b"x-amzn-sagemaker-session-id", session_id.encode())] if session_id else []
+    return Request({"type": "http", "method": "POST", "path": "/invocations", "headers": headers})
+
+
+def test_new_session_is_announced_in_both_headers_and_an_expired_one_is_served_without_it():
+    import asyncio
+
+    from lmi_server.api.sessions import SessionHook
+
+    clock = Clock()
+    hook = SessionHook(True, SessionStore(60, clock=clock))
+    created = asyncio.run(hook(_hook_request(), {"requestType": "NEW_SESSION"}))
+    new_header = created.headers["x-amzn-sagemaker-new-session-id"]
+    assert created.headers["x-amzn-sagemaker-session-id"] == new_header  # LMI's clients read this one
+    session_id = new_header.split(";")[0]
+    assert asyncio.run(hook(_hook_request(session_id), {"inputs": "x"})) == {"X-Amzn-SageMaker-Session-Id": session_id}
+    clock.now += 61
+    assert asyncio.run(hook(_hook_request(session_id), {"inputs": "x"})) is None  # LMI: served, sessionless
+    with pytest.raises(APIError) as err:
+        asyncio.run(hook(_hook_request("Q" * 43), {"inputs": "x"}))
+    assert err.value.status == 424 and err.value.body() == {"error": err.value.message, "code": 424}
