@@ -268,6 +268,7 @@ def _widen_lora_a(path: Path) -> None:
         ("outside", "outside the allowed adapter root"),
         ("name", "invalid adapter name"),
         ("script", "failed to import"),
+        ("pickle", "refused (read with torch.load(weights_only=True))"),
     ],
 )
 def test_register_validation_errors_are_400(lora, tmp_path, case, expected):
@@ -293,11 +294,27 @@ def test_register_validation_errors_are_400(lora, tmp_path, case, expected):
             _edit_config(path, target_modules=["q_proj", "router_proj"])
         elif case == "script":
             (path / "model.py").write_text("def broken(:\n")
+        elif case == "pickle":  # an adapter_model.bin whose unpickling would run a command
+            _pickle_that_runs(path / "adapter_model.bin", tmp_path / "pwned")
+            (path / "adapter_model.safetensors").unlink()
     r = post(lora, "/adapters", {"name": name, "src": src})
     assert r.status_code == 400, r.text
     assert expected in r.json()["error"]["message"]
     assert httpx.get(lora.base_url + f"/adapters/{name.replace('/', '%2F')}").status_code in (404, 400)
+    assert not (tmp_path / "pwned").exists()
     assert_healthy(lora)
+
+
+def _pickle_that_runs(path: Path, marker: Path) -> None:
+    import os
+
+    import torch
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": Payload()}, str(path))
 
 
 def test_register_use_and_delete_through_the_api(lora):
@@ -329,11 +346,42 @@ def test_register_use_and_delete_through_the_api(lora):
     assert result["r"].status_code == 200 and result["r"].json()["generated_text"].startswith(HELLO)
     assert httpx.delete(lora.base_url + "/adapters/fresh").status_code == 404
     assert "fresh" not in [m["id"] for m in httpx.get(lora.base_url + "/v1/models").json()["data"]]
-    # re-register under the model-scoped path, then delete there
-    r = post(lora, "/models/lmi-demo/adapters", {"name": "fresh", "src": "fresh"})
+    # re-register under the model-scoped path (lazily: preload false), then delete there
+    r = post(lora, "/models/lmi-demo/adapters", {"name": "fresh", "src": "fresh", "preload": False})
     assert r.status_code == 200 and r.json()["adapter"]["status"] == "registered"
     assert httpx.delete(lora.base_url + "/models/lmi-demo/adapters/fresh").status_code == 200
-    assert httpx.get(lora.base_url + "/models/other-model/adapters").status_code == 404
+    # one model is served: any model name in the path addresses it (LMI's client uses its directory's name)
+    assert httpx.get(lora.base_url + "/models/other-model/adapters").json()["adapters"] == httpx.get(lora.base_url + "/adapters").json()["adapters"]
+    assert_healthy(lora)
+
+
+def test_lmi_management_verbs_with_a_bin_adapter(lora):
+    """PEFT's safe_serialization=False layout (adapter_model.bin), managed with LMI's verbs and
+    defaults at LMI's paths: register (lazily), update (preload and pin), describe, delete."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = _copy(lora, "hello-printer", "hello-bin")
+    torch.save(load_file(str(path / "adapter_model.safetensors")), str(path / "adapter_model.bin"))
+    (path / "adapter_model.safetensors").unlink()
+    r = post(lora, "/models/test/adapters", params={"name": "hello-bin", "src": "hello-bin", "preload": "false"})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "Adapter hello-bin registered"
+    assert r.json()["adapter"]["weights_file"] == "adapter_model.bin" and r.json()["adapter"]["status"] == "registered"
+    r = post(lora, "/models/test/adapters/hello-bin/update", params={"preload": "true", "pin": "true"})
+    assert r.status_code == 200 and r.json()["status"] == "Adapter hello-bin updated", r.text
+    assert r.json()["adapter"]["status"] == "loaded" and r.json()["adapter"]["pin"] is True
+    assert loads(lora, "hello-bin") == 1
+    r = lmi(lora, adapter="hello-bin")
+    assert r.status_code == 200 and r.json()["generated_text"].startswith(HELLO), r.text
+    r = post(lora, "/adapters/hello-bin/update", {"pin": False})
+    assert r.status_code == 400 and "Unpinning adapter is not supported" in r.text
+    described = httpx.get(lora.base_url + "/models/any-name/adapters/hello-bin").json()
+    assert {k: described[k] for k in ("name", "preload", "pin")} == {"name": "hello-bin", "preload": True, "pin": True}
+    # LMI's integration client deletes through /models/test/adapters/{name}
+    d = httpx.delete(lora.base_url + "/models/test/adapters/hello-bin")
+    assert d.status_code == 200 and d.json()["status"] == "Adapter hello-bin unregistered", d.text
+    assert lmi(lora, adapter="hello-bin").status_code == 404
     assert_healthy(lora)
 
 
