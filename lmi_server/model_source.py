@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import glob
 import hashlib
 import json
 import logging
@@ -205,6 +206,8 @@ class _Download:
         self.work = dest.with_name(dest.name + PARTIAL_SUFFIX)
         self.client = _client(url)
         self._failed = threading.Event()
+        self._lock = threading.Lock()
+        self._progress = [0, 0]
 
     # ------------------------------------------------------------------ steps
 
@@ -250,6 +253,9 @@ class _Download:
     def _check_space(self, objects: list[_Object]) -> None:
         need = sum(o.size for o in objects) * (2 if objects and objects[0].key.lower().endswith(".zip") else 1)
         self.dest.parent.mkdir(parents=True, exist_ok=True)
+        for kept in self.dest.parent.glob(glob.escape(self.work.name) + "*"):  # what a resumed download has already
+            files = [kept] if kept.is_file() else [f for f in kept.rglob("*") if f.is_file()]
+            need -= sum(f.stat().st_size for f in files)
         free = shutil.disk_usage(self.dest.parent).free
         if need > free:
             raise SourceUnavailable(
@@ -266,6 +272,7 @@ class _Download:
             return
         total = sum(o.size for o, _ in todo)
         log.info("%s: downloading %d files (%.1f MiB) into %s", self.url, len(todo), total / 2**20, self.work)
+        self._progress = [0, len(todo)]
         with ThreadPoolExecutor(max_workers=min(FILES_AT_ONCE, len(todo)), thread_name_prefix="s3-fetch") as pool:
             futures = [pool.submit(self._fetch_guarded, o, p, done_dir) for o, p in todo]
             wait(futures, return_when=FIRST_EXCEPTION)
@@ -294,6 +301,10 @@ class _Download:
             path.unlink(missing_ok=True)
             raise SourceCorrupt(self.url, f"{obj.key}: {problem}; the file was removed, start again to fetch it anew")
         _mark_done(done_dir, obj)
+        with self._lock:
+            self._progress[0] += 1
+            done, total = self._progress
+        log.info("%s: %s verified (%d of %d files)", self.url, obj.key, done, total)
 
     def _part_sizes(self, obj: _Object, parts: int) -> list[int]:
         """Each part's size of a multipart object (to check its ETag exactly)."""
@@ -337,6 +348,8 @@ class _Download:
         }
         _write_atomic(self.work / MANIFEST, json.dumps(manifest, indent=1))
         _fsync_dir(self.work)
+        if self.dest.exists():  # something without a manifest: never a copy of ours
+            shutil.rmtree(self.dest)
         os.replace(self.work, self.dest)
         _fsync_dir(self.dest.parent)
 

@@ -215,3 +215,11 @@ def test_keys_that_would_escape_the_directory_are_refused(s3_env):
 def test_serving_download_dir_moves_the_cache(s3_env, tmp_path, monkeypatch):
     monkeypatch.setenv("SERVING_DOWNLOAD_DIR", str(tmp_path / "lmi-downloads"))
     assert ms.local_dir("s3://bucket/m").parent == tmp_path / "lmi-downloads"
+
+
+def test_a_directory_without_a_manifest_is_never_taken_for_a_download(s3_env, tmp_path):
+    upload_dir(s3_env, "models", "stale", write_files(tmp_path / "src", {"config.json": b"{}"}))
+    dest = ms.local_dir("s3://models/stale")
+    write_files(dest, {"config.json": b"old", "junk.bin": b"x"})  # e.g. copied by hand
+    assert ms.downloaded("s3://models/stale") is None
+    assert tree(ms.fetch("s3://models/stale")) == {"config.json": b"{}"}
