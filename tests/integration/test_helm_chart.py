@@ -634,3 +634,61 @@ def chart_autoscaler_metrics() -> set[str]:
 
 def test_the_autoscalers_read_both_queues():
     assert chart_autoscaler_metrics() == {"vllm:num_requests_waiting", "lmi_queue_depth"}
+
+
+FAKE_WORKER = r"""
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]} if self.path == "/v1/models" else {"status": "healthy"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_router_probe_paths_answer_on_the_real_vllm_router(tmp_path):
+    """The router Deployment's probes hit the router's own routes (not proxied to a replica):
+    the real vllm-router answers them, in front of a stand-in replica (service discovery needs
+    an API server, so the replica is given by URL here)."""
+    import time
+
+    import httpx
+
+    from lmi_server.kvcache.resolve import free_local_port
+
+    binary = Path(sys.executable).with_name("vllm-router")
+    container = one(rendered("default"), "Deployment", "router")["spec"]["template"]["spec"]["containers"][0]
+    paths = [container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]]
+    worker_port, port, metrics_port = free_local_port(), free_local_port(), free_local_port()
+    worker = subprocess.Popen([sys.executable, "-c", FAKE_WORKER, str(worker_port)])
+    router = subprocess.Popen(
+        [str(binary), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", f"http://127.0.0.1:{worker_port}",
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), "--log-level", "warning"],
+        stdout=(tmp_path / "router.log").open("w"), stderr=subprocess.STDOUT,
+    )
+    try:
+        answers: dict[str, int] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and router.poll() is None:
+            try:
+                answers = {p: httpx.get(f"http://127.0.0.1:{port}{p}", timeout=5).status_code for p in paths}
+                if all(code == 200 for code in answers.values()):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert answers == {p: 200 for p in paths}, (tmp_path / "router.log").read_text()[-2000:]
+    finally:
+        for proc in (router, worker):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
