@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 async def test_an_adapter_from_s3_is_downloaded_and_registered(s3_env, tmp_path, base_info, fake_backend):
-    make_adapter(tmp_path / "src", "pirate", model_py="def output_formatter(text, context):\n    return text\n")
+    make_adapter(tmp_path / "src", "pirate")
     upload_dir(s3_env, "adapters", "tenants/pirate", tmp_path / "src" / "pirate")
     root = tmp_path / "adapters-root"
     root.mkdir()
