@@ -233,7 +233,10 @@ class AdapterRegistry:
         lie inside an allowed root after symlinks are resolved; else AdapterInvalid. Used by
         `POST /adapters` and by `discover()` alike."""
         roots = ", ".join(str(r) for r in self.allowed_roots) or "none configured"
-        real = path.resolve()
+        try:
+            real = path.resolve()
+        except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
+            raise AdapterInvalid(f"src {shown!r} is not a usable path: {exc}") from None
         if not self._inside(real):
             raise AdapterInvalid(f"src {shown!r} is outside the allowed adapter root ({roots})")
         if not real.is_dir():

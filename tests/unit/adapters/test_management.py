@@ -231,3 +231,14 @@ def test_lora_off_answers_like_lmi():
     assert r[0].status_code == 200 and r[0].json()["adapters"] == []
     assert [x.status_code for x in r[1:]] == [400, 400, 400]
     assert all(routes.LORA_OFF in x.text for x in r[1:])
+
+
+async def test_a_src_that_is_no_path_is_invalid_not_a_crash(tmp_path, base_info, fake_backend):
+    root = tmp_path / "ad"
+    make_adapter(root, "a")
+    reg = registry(root, fake_backend, base_info)
+    with pytest.raises(AdapterInvalid, match="not a usable path"):
+        await reg.add("x", "a\x00b")
+    await reg.add("a", "a")
+    with pytest.raises(AdapterInvalid, match="changing src is not supported"):
+        await reg.update("a", src="a\x00b")
