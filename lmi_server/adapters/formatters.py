@@ -1,29 +1,23 @@
 """Formatters in a `model.py`, in the model directory (for every request) or in an adapter's
 directory (for that adapter's requests; per direction, the adapter's replaces the model's).
 
-Two contracts, told apart by how a function is found, never by guessing at its behaviour:
-
-LMI's (functions marked with `djl_python`'s decorators, as LMI's documented files are written):
+One contract, LMI's: functions marked with `djl_python`'s decorators, as LMI's documented files
+are written.
     @input_formatter  def f(payload: dict, **kwargs) -> dict
         the decoded JSON body, before the request's schema is detected (so a deployment may
         accept its own body shape), with `tokenizer=`; returns the body to serve.
     @output_formatter def g(response) -> Any
-        vLLM's response object (CompletionResponse / ChatCompletionResponse; for a stream each
-        chunk object); what it returns is what is sent (pydantic models and dicts as JSON).
-
-The text contract (plain functions named `input_formatter` / `output_formatter`, adapters only):
-    def input_formatter(request, context) -> request | None
-        `request` is the parsed request: an `LMIRequest` (LMI schema: `.inputs`, `.parameters`)
-        or vLLM's `ChatCompletionRequest` (`.messages`) / `CompletionRequest` (`.prompt`).
-        Change it in place and return None, or return a replacement of the same type.
-    def output_formatter(text, context) -> str
-        `text` is generated text on its way back to the client; return the text to send.
-        Non-streaming responses: called once per choice / generated_text with context.final=True.
-        Streaming responses: called once per streamed piece (an SSE delta or a jsonlines token)
-        with context.final=False, and for LMI's closing line (the whole text) with final=True.
-    Either may take just one argument (the request / the text). `context` is a
-    `FormatterContext`: adapter name, schema ("lmi" | "chat" | "completion"), stream flag, final
-    flag, the parsed request.
+        vLLM's response object (CompletionResponse / ChatCompletionResponse); for a stream, each
+        chunk as vLLM yields it, the string `'data: {...}\\n\\n'`. What it returns is sent as it
+        is (pydantic models and dicts as JSON; one line per chunk). A formatter that returns the
+        same kind of thing it got (the response object, or a `data:` chunk string) edits vLLM's
+        output in place: the server then still shapes it for the request's schema (LMI's
+        `generated_text` and token lines, OpenAI's choices), which is how an adapter changes only
+        the text.
+    async def handle(inputs: Input) (the model directory's model.py only): LMI's custom handler,
+        which sees each /invocations request first (see lmi_server/api/custom_handler.py).
+The `(text, context)` functions of earlier versions are retired: an unmarked `input_formatter` /
+`output_formatter` is refused with a message that says how to mark it.
 
 Each script is imported in its own namespace (a unique module name per adapter and load), so two
 adapters' `model.py` never see each other's globals; its own directory is on `sys.path` while it
@@ -68,28 +62,6 @@ class FormatterInvalid(FormatterError):
     """A formatter script that cannot be imported or defines no formatter (at registration)."""
 
 
-@dataclass
-class FormatterContext:
-    adapter: str
-    schema: str  # lmi | chat | completion
-    stream: bool = False
-    final: bool = True
-    request: Any = None
-
-
-def _arity(fn: Callable) -> int:
-    try:
-        params = [
-            p for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.kind == p.VAR_POSITIONAL
-        ]
-    except (TypeError, ValueError):
-        return 2
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return 2
-    return min(len(params), 2)
-
-
 def _accepts_keyword(fn: Callable, name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
@@ -100,30 +72,25 @@ def _accepts_keyword(fn: Callable, name: str) -> bool:
 
 @dataclass
 class Formatters:
-    """One script's formatters: `input`/`output` of the text contract, `payload_input` /
-    `response_output` of LMI's (see the module docstring)."""
+    """One script's formatters (see the module docstring)."""
 
     module_name: str | None = None
-    input: Callable | None = None
-    output: Callable | None = None
     payload_input: Callable | None = None
     response_output: Callable | None = None
     handler: Callable | None = None  # LMI's custom `async def handle(inputs)` (model level only)
-    owner: str = "adapter"  # who the script belongs to, for messages: "adapter 'x'" or "model"
-    _in_arity: int = 2
-    _out_arity: int = 2
+    owner: str = "adapter"  # who the script belongs to, for messages: "adapter 'x'" or "the model"
 
     @property
     def empty(self) -> bool:
-        return not (self.input or self.output or self.payload_input or self.response_output or self.handler)
+        return not (self.payload_input or self.response_output or self.handler)
 
     @property
     def has_input(self) -> bool:
-        return self.input is not None or self.payload_input is not None
+        return self.payload_input is not None
 
     @property
     def has_output(self) -> bool:
-        return self.output is not None or self.response_output is not None
+        return self.response_output is not None
 
     def format_payload(self, payload: Any, *, tokenizer: Any = None) -> Any:
         """LMI's input formatter on the decoded body; its result must be a JSON object (dict)."""
@@ -142,33 +109,11 @@ class Formatters:
         return result
 
     def format_response(self, response: Any) -> Any:
-        """LMI's output formatter on vLLM's response object (or one stream chunk)."""
+        """LMI's output formatter on vLLM's response object (or one raw stream chunk)."""
         try:
             return self.response_output(response)  # type: ignore[misc]
         except Exception as exc:  # noqa: BLE001
             raise FormatterError(f"output formatter of {self.owner} failed: {type(exc).__name__}: {exc}") from exc
-
-    def format_input(self, request: Any, ctx: FormatterContext) -> Any:
-        if self.input is None:
-            return request
-        try:
-            result = self.input(request, ctx) if self._in_arity >= 2 else self.input(request)
-        except Exception as exc:  # noqa: BLE001 - the script's own failure, reported to the client
-            raise FormatterError(f"input_formatter of adapter {ctx.adapter!r} failed: {type(exc).__name__}: {exc}") from exc
-        return request if result is None else result
-
-    def format_output(self, text: str, ctx: FormatterContext) -> str:
-        if self.output is None:
-            return text
-        try:
-            result = self.output(text, ctx) if self._out_arity >= 2 else self.output(text)
-        except Exception as exc:  # noqa: BLE001
-            raise FormatterError(f"output_formatter of adapter {ctx.adapter!r} failed: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(result, str):
-            raise FormatterError(
-                f"output_formatter of adapter {ctx.adapter!r} returned {type(result).__name__}; it must return str"
-            )
-        return result
 
 
 def unique_module_name(adapter: str, path: Path) -> str:
@@ -233,13 +178,20 @@ def _refuse_unsupported(label: str, script: Path, module, *, model_level: bool =
             )
 
 
-def _text_contract(module, name: str) -> Callable | None:
-    fn = getattr(module, name, None)
-    if not callable(fn) or getattr(fn, LMI_INPUT_MARK, False) or getattr(fn, LMI_OUTPUT_MARK, False):
-        return None
-    if getattr(fn, "__module__", None) != module.__name__:
-        return None  # a decorator imported by name (`from djl_python... import output_formatter`)
-    return fn
+def _refuse_retired(label: str, script: Path, module) -> None:
+    """Unmarked `input_formatter` / `output_formatter` functions: the retired text contract."""
+    for name, decorator in (("input_formatter", "@input_formatter (djl_python.input_parser)"),
+                            ("output_formatter", "@output_formatter (djl_python.output_formatter)")):
+        fn = getattr(module, name, None)
+        if not callable(fn) or getattr(fn, LMI_INPUT_MARK, False) or getattr(fn, LMI_OUTPUT_MARK, False):
+            continue
+        if getattr(fn, "__module__", None) != module.__name__:
+            continue  # the decorator itself, imported by name
+        raise FormatterInvalid(
+            f"{label}: {script.name} defines {name}() without a decorator; mark it with {decorator}. "
+            "Formatters follow LMI's contract: the input formatter gets the request body (a dict), the "
+            "output formatter vLLM's response object or each raw stream chunk ('data: {...}')"
+        )
 
 
 def load_formatters(adapter: str, adapter_dir: Path) -> Formatters:
@@ -251,12 +203,10 @@ def load_formatters(adapter: str, adapter_dir: Path) -> Formatters:
     name = unique_module_name(adapter, adapter_dir)
     module = _import_script(label, script, name)
     _refuse_unsupported(label, script, module)
-    payload_in, response_out = _marked(module, LMI_INPUT_MARK), _marked(module, LMI_OUTPUT_MARK)
-    fin = None if payload_in else _text_contract(module, "input_formatter")
-    fout = None if response_out else _text_contract(module, "output_formatter")
+    _refuse_retired(label, script, module)
     found = Formatters(
-        module_name=name, input=fin, output=fout, payload_input=payload_in, response_output=response_out,
-        owner=label, _in_arity=_arity(fin) if fin else 2, _out_arity=_arity(fout) if fout else 2,
+        module_name=name, payload_input=_marked(module, LMI_INPUT_MARK), response_output=_marked(module, LMI_OUTPUT_MARK),
+        owner=label,
     )
     if found.empty:
         raise FormatterInvalid(
@@ -275,6 +225,7 @@ def load_model_formatters(model_dir: Path | None) -> Formatters:
     name = unique_module_name("model", model_dir)
     module = _import_script(label, script, name)
     _refuse_unsupported(label, script, module, model_level=True)
+    _refuse_retired(label, script, module)
     handler = getattr(module, "handle", None)
     found = Formatters(
         module_name=name, payload_input=_marked(module, LMI_INPUT_MARK),

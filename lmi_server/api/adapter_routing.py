@@ -5,25 +5,22 @@ then the OpenAI `"model"` field naming an adapter; the base model when none is n
 
 The resolvers are installed on `app.state.model_resolver` / `app.state.lmi_model_resolver`
 (the hooks the routers call before handing a request to vLLM). A resolver takes a lease on the
-adapter (loading it on first use) and runs the input formatter. The output formatter is applied
-where the response is made (`format_json`, `format_stream`, called by the routes on vLLM's result),
-and `AdapterLeaseMiddleware` releases the lease when the response has been sent completely,
-streaming included.
+adapter (loading it on first use); `AdapterLeaseMiddleware` releases it when the response has
+been sent completely, streaming included. An adapter's formatters run where all formatters run
+(lmi_server/api/lmi_formatters.py: the body on the way in, vLLM's output on the way out).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
-from lmi_server.adapters.formatters import FormatterContext, FormatterError, Formatters
 from lmi_server.adapters.registry import Lease
-from lmi_server.adapters.transforms import LineFormatter, format_json_body, isolated_cache_salt
-from lmi_server.api.errors import APIError, from_adapter_error, stream_error_event
+from lmi_server.adapters.transforms import isolated_cache_salt
+from lmi_server.api.errors import APIError, from_adapter_error
 from lmi_server.api.standards import SageMakerLoRAApiHeader
 
 log = logging.getLogger(__name__)
@@ -31,9 +28,6 @@ log = logging.getLogger(__name__)
 ADAPTER_HEADER = SageMakerLoRAApiHeader.ADAPTER_IDENTIFIER.lower()  # x-amzn-sagemaker-adapter-identifier
 STATE_KEY = "lmi_adapter_use"
 STREAMS_KEY = "lmi_streams"  # the response's async generators, innermost (vLLM's) first
-# Streaming: bytes held back until the output formatter has run once (so that a formatter failing
-# on the first text can still turn the response into a 424). Past this, the response starts.
-MAX_PENDING_BYTES = 64 * 1024
 
 
 async def close_streams(state: dict) -> None:
@@ -48,65 +42,36 @@ async def close_streams(state: dict) -> None:
 
 @dataclass
 class AdapterUse:
-    """What one request does with one adapter (kept in the ASGI scope's state)."""
+    """The adapter one request uses (kept in the ASGI scope's state until its lease is released)."""
 
     name: str
-    schema: str  # lmi | chat | completion
-    lmi: bool
     lease: Lease | None
-    formatters: Formatters
-    request: Any
-    stream: bool = False
-
-    def format_output(self, text: str, final: bool) -> str:
-        ctx = FormatterContext(adapter=self.name, schema=self.schema, stream=self.stream, final=final, request=self.request)
-        return self.formatters.format_output(text, ctx)
 
 
 def _registry(request: Request):
     return request.app.state.adapters.registry()
 
 
-async def use_adapter(request: Request, name: str, schema: str, parsed: Any, *, lmi: bool) -> AdapterUse:
+async def use_adapter(request: Request, name: str, *, lmi: bool) -> AdapterUse:
     registry = _registry(request)
     if registry is None:
         raise APIError(404, f"adapter {name!r} not found: LoRA adapters are disabled (option.enable_lora=false)", lmi=lmi)
     param = None if lmi else "model"
     try:
-        entry = registry.get(name)
+        registry.get(name)
     except Exception as exc:
         raise (from_adapter_error(exc, lmi=lmi, param=param) or exc) from None
-    use = AdapterUse(
-        name=name, schema=schema, lmi=lmi, lease=None, formatters=entry.formatters,
-        request=parsed, stream=bool(getattr(parsed, "stream", False)),
-    )
+    use = AdapterUse(name=name, lease=None)
     try:
         use.lease = await registry.acquire(name)
     except Exception as exc:
         raise (from_adapter_error(exc, lmi=lmi, param=param) or exc) from None
-    # From here the middleware releases the lease, whatever happens next.
-    request.state.__setattr__(STATE_KEY, use)
-    if entry.formatters.input is not None:
-        ctx = FormatterContext(adapter=name, schema=schema, stream=use.stream, final=True, request=parsed)
-        try:
-            result = entry.formatters.format_input(parsed, ctx)
-        except FormatterError as exc:
-            raise APIError(424, str(exc), lmi=lmi) from None
-        if result is not parsed:
-            if type(result) is not type(parsed):
-                raise APIError(
-                    424,
-                    f"input_formatter of adapter {name!r} returned {type(result).__name__}; "
-                    f"return None or a {type(parsed).__name__}",
-                    lmi=lmi,
-                )
-            parsed.__dict__.update(result.__dict__)
+    request.state.__setattr__(STATE_KEY, use)  # from here the middleware releases the lease
     return use
 
 
 async def openai_model_resolver(request: Request, parsed: Any) -> None:
     """OpenAI chat/completion: header, else `model` when it names no base model."""
-    schema = "chat" if hasattr(parsed, "messages") else "completion"
     name = request.headers.get(ADAPTER_HEADER) or None
     model = getattr(parsed, "model", None)
     registry = _registry(request)
@@ -114,7 +79,7 @@ async def openai_model_resolver(request: Request, parsed: Any) -> None:
         name = model
     if name is None:
         return None
-    await use_adapter(request, name, schema, parsed, lmi=False)
+    await use_adapter(request, name, lmi=False)
     parsed.model = name  # vLLM picks the LoRARequest by this name
     return None
 
@@ -134,7 +99,7 @@ async def lmi_model_resolver(request: Request, req: Any) -> str | None:
         name = model
     if not name:
         return None
-    await use_adapter(request, name, "lmi", req, lmi=True)
+    await use_adapter(request, name, lmi=True)
     return name
 
 
@@ -146,93 +111,6 @@ def apply_cache_salt(request: Request, engine_request: Any) -> None:
     if use is not None and use.lease is not None:
         identity = use.lease.entry.cache_identity()
     engine_request.cache_salt = isolated_cache_salt(identity, getattr(engine_request, "cache_salt", None))
-
-
-# ---------------------------------------------------------------------- output formatting
-
-
-def _formatting_use(request: Request) -> AdapterUse | None:
-    use = request.scope.get("state", {}).get(STATE_KEY)
-    return use if use is not None and use.formatters.output is not None else None
-
-
-def format_json(request: Request, obj: Any) -> Any:
-    """A non-streaming response body with the adapter's output formatter applied (final=True);
-    a formatter that fails makes the response a 424."""
-    use = _formatting_use(request)
-    if use is None:
-        return obj
-    try:
-        return format_json_body(obj, use.schema, use.format_output)
-    except FormatterError as exc:
-        log.warning("adapters: %s", exc)
-        raise APIError(424, str(exc), lmi=use.lmi) from None
-
-
-def _encode(chunk: Any) -> bytes:
-    return chunk if isinstance(chunk, bytes) else str(chunk).encode("utf-8")
-
-
-async def format_stream(request: Request, body: AsyncIterator[Any], kind: str) -> AsyncIterator[Any]:
-    """A streaming body (kind "sse" or "jsonl") with the adapter's output formatter applied."""
-    use = _formatting_use(request)
-    if use is None:
-        return body
-    return await hold_until_formatted(request, body, LineFormatter(kind, use.schema, use.format_output), kind, lmi=use.lmi)
-
-
-async def hold_until_formatted(
-    request: Request, body: AsyncIterator[Any], lines: Any, kind: str, *, lmi: bool, prefix: str = ""
-) -> AsyncIterator[bytes]:
-    """`body` through `lines` (an object with `feed(data, last) -> bytes` and `called`, e.g. a
-    `LineFormatter`). Chunks are held back until the formatter has run once (at most
-    MAX_PENDING_BYTES), so that a formatter failing on the first output still makes the whole
-    response a 424 (raised here, its message after `prefix`). A formatter failing later ends the
-    stream with an error event in its own format and closes the response's generators, which
-    aborts the request in the engine."""
-    state = request.scope.setdefault("state", {})
-    chunks = body.__aiter__()
-    pending: list[bytes] = []
-    size = 0
-    ended = False
-    try:
-        while not lines.called and size <= MAX_PENDING_BYTES:
-            try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                ended = True
-                pending.append(lines.feed(b"", last=True))
-                break
-            out = lines.feed(_encode(chunk), last=False)
-            pending.append(out)
-            size += len(out)
-    except FormatterError as exc:
-        log.warning("formatters: %s", exc)
-        await close_streams(state)  # stop generating: abort the request in the engine
-        raise APIError(424, prefix + str(exc), lmi=lmi) from None
-    return _formatted_rest(state, lines, chunks, pending, ended, kind, prefix)
-
-
-async def _formatted_rest(state, lines: Any, chunks, pending: list[bytes], ended: bool, kind: str, prefix: str):
-    for out in pending:
-        if out:
-            yield out
-    if ended:
-        return
-    try:
-        async for chunk in chunks:
-            out = lines.feed(_encode(chunk), last=False)
-            if out:
-                yield out
-        out = lines.feed(b"", last=True)
-    except FormatterError as exc:
-        # Mid-stream: end the stream with an error event in its own format.
-        log.warning("formatters: %s", exc)
-        yield stream_error_event(APIError(424, prefix + str(exc), lmi=kind == "jsonl"), kind)
-        await close_streams(state)  # stop generating: abort the request in the engine
-        return
-    if out:
-        yield out
 
 
 class AdapterLeaseMiddleware:

@@ -15,14 +15,13 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 from lmi_server.api.adapter_routing import STATE_KEY as ADAPTER_KEY
-from lmi_server.api.adapter_routing import STREAMS_KEY, format_json, format_stream
+from lmi_server.api.adapter_routing import STREAMS_KEY
 from lmi_server.api.admission import HEADERS_KEY, REJECTED, TICKET_KEY, BadPriority, Rejected, count
 from lmi_server.api.errors import APIError, from_admission_error, from_vllm_error, from_vllm_exception
 from lmi_server.api.tenants import estimate_tokens, parse_priority
-from lmi_server.api.lmi_formatters import formatted_response, formatted_stream, response_formatter
+from lmi_server.api.lmi_formatters import respond
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +136,6 @@ async def call_serving(coro: Awaitable[Any], request: Request, *, lmi: bool = Fa
     return result
 
 
-def is_stream(result: Any) -> bool:
-    return isinstance(result, AsyncIterator) or hasattr(result, "__aiter__")
-
-
-def track_stream(request: Request, gen: Any) -> Any:
-    """Record a response generator (innermost first) so that a response ended early (a failing
-    output formatter) can close it, which aborts the engine request."""
-    request.scope.setdefault("state", {}).setdefault(STREAMS_KEY, []).append(gen)
-    return gen
-
-
 def admission_ticket(request: Request) -> Any:
     return request.scope.get("state", {}).get(TICKET_KEY)
 
@@ -185,19 +173,9 @@ async def sse_to_jsonl(body: AsyncIterator[Any]) -> AsyncIterator[bytes]:
 
 
 async def as_response(result: Any, request: Request, headers: dict[str, str] | None = None, stream_kind: str = "sse"):
-    """vLLM's result as a response, with the output formatter (if any) applied. Streams are SSE
-    (the OpenAI routes) or jsonlines (`stream_kind="jsonl"`: /invocations, as LMI sends them)."""
-    media = "text/event-stream" if stream_kind == "sse" else "application/jsonlines"
-    if response_formatter(request) is not None:
-        if is_stream(result):
-            track_stream(request, result)
-            body = yielding(await formatted_stream(request, result, stream_kind), admission_ticket(request))
-            return StreamingResponse(body, media_type=media, headers=headers)
-        return formatted_response(request, result, headers)
-    if is_stream(result):
-        track_stream(request, result)
-        body = await format_stream(request, result, "sse")
-        if stream_kind == "jsonl":
-            body = sse_to_jsonl(body)
-        return StreamingResponse(yielding(body, admission_ticket(request)), media_type=media, headers=headers)
-    return JSONResponse(format_json(request, result.model_dump(exclude_none=False)), headers=headers)
+    """vLLM's result as a response (through the output formatter, if any). Streams are SSE (the
+    OpenAI routes) or jsonlines (`stream_kind="jsonl"`: /invocations, as LMI sends them)."""
+    return await respond(
+        request, result, shape_json=lambda body: body, shape_stream=(lambda events: events) if stream_kind == "sse" else sse_to_jsonl,
+        kind=stream_kind, headers=headers, wrap=lambda body: yielding(body, admission_ticket(request)),
+    )

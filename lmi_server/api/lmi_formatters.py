@@ -1,26 +1,32 @@
-"""LMI's formatter contract on the request path: the payload formatter where the body is read,
-the response formatter where the response is made (see lmi_server/adapters/formatters.py).
+"""Where formatters run: once on the way in, once on the way out (LMI's contract, see
+lmi_server/adapters/formatters.py).
+
+In: `apply_payload_formatter` on the decoded body, before its schema is detected.
+Out: `respond` turns vLLM's result into the HTTP response. The output formatter (if any) gets
+vLLM's response object, or each raw stream chunk; what it returns is sent as is, unless it
+returned the same kind of thing it got (an edited response object or `data:` chunk): then the
+response is still shaped for the request's schema by the route's `shape_json` / `shape_stream`.
 
 Which script applies: the adapter named by the request (header `X-Amzn-SageMaker-Adapter-Identifier`,
 else the body's `adapters`, else an OpenAI `model` naming an adapter), per direction, when its
 model.py has a formatter for that direction; else the model directory's model.py. A formatter
-that fails is LMI's 424. The text contract of adapters (`adapter_routing.py`) runs after the body
-is parsed and is untouched by this module.
+that fails is LMI's 424 (before the response starts; later, an error event ends the stream and
+the generation is aborted).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lmi_server.adapters.formatters import FormatterError, Formatters
-from lmi_server.api.adapter_routing import ADAPTER_HEADER, hold_until_formatted
-from lmi_server.api.errors import APIError
+from lmi_server.api.adapter_routing import ADAPTER_HEADER, STREAMS_KEY, close_streams
+from lmi_server.api.errors import APIError, stream_error_event
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +102,8 @@ def _encode(value: Any) -> bytes | None:
     return json.dumps(value, default=str).encode("utf-8")
 
 
-def formatted_response(request: Request, result: Any, headers: dict[str, str] | None) -> Response:
-    """A non-streaming response: the formatter's return value on vLLM's response object."""
-    formatters, lmi = response_formatter(request)  # type: ignore[misc]
-    try:
-        value = formatters.format_response(result)
-    except FormatterError as exc:
-        log.warning("formatters: %s", exc)
-        raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
+def _sent_as_is(value: Any, headers: dict[str, str] | None) -> Response:
+    """What a formatter returned, as the response: JSON values and models as JSON, text as is."""
     if isinstance(value, (dict, list)) or hasattr(value, "model_dump_json"):
         return Response(_encode(value), media_type="application/json", headers=headers)
     if value is None:
@@ -121,47 +121,150 @@ def _events(text: str) -> list[str]:
     return [line[len("data:"):].strip() for line in text.splitlines() if line.startswith("data:")]
 
 
-class _ChunkFormatter:
-    """Feeds each streamed event to the formatter as LMI's handler does: the raw chunk string
-    vLLM yields (`'data: {...}\\n\\n'`; on /invocations `'data: [DONE]\\n\\n'` too, while the
-    OpenAI routes keep that end marker as it is); what it returns is one line of the response (the interface of `hold_until_formatted`: `feed(data, last)` and `called`)."""
+def _is_error_event(event: str) -> bool:
+    try:
+        parsed = json.loads(event)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed
+
+
+class _ChunkFormatting:
+    """Each raw chunk of vLLM's stream through the output formatter, as LMI's handler feeds it:
+    the string `'data: {...}\\n\\n'` (on /invocations `'data: [DONE]\\n\\n'` too; the OpenAI
+    routes keep that end marker as it is). The first output decides the mode: a `data:` string
+    means the formatter edits chunks (the stream is then shaped for its schema), anything else is
+    sent as is, one line per chunk (LMI)."""
 
     def __init__(self, formatters: Formatters, kind: str):
         self.formatters = formatters
         self.kind = kind  # sse | jsonl
-        self.called = False
+        self.mode: str | None = None  # "edit" | "as_is"
 
-    def _line(self, raw: bytes) -> bytes:
-        if self.kind == "sse" and not raw.startswith(b"data:"):
-            return b"data: " + raw.rstrip(b"\n") + b"\n\n"
-        return raw if raw.endswith(b"\n") else raw + b"\n"
-
-    def feed(self, data: bytes, last: bool) -> bytes:
-        out: list[bytes] = []
-        for event in _events(data.decode("utf-8")):
-            chunk = f"data: {event}\n\n"
-            if event == "[DONE]" and self.kind == "sse":
-                out.append(b"data: [DONE]\n\n")  # the OpenAI routes keep the protocol's end marker
+    def items(self, chunk: Any) -> list[tuple[str, Any]]:
+        """("sse", event string) to pass on, or ("raw", bytes) sent as they are."""
+        text = chunk.decode("utf-8") if isinstance(chunk, bytes) else str(chunk)
+        out: list[tuple[str, Any]] = []
+        for event in _events(text):
+            raw_chunk = f"data: {event}\n\n"
+            if (event == "[DONE]" and self.kind == "sse") or _is_error_event(event):
+                out.append(("sse", raw_chunk))  # not the formatter's: the protocol's end, vLLM's error
                 continue
-            if event != "[DONE]":
-                try:
-                    parsed = json.loads(event)
-                except json.JSONDecodeError:
-                    parsed = None
-                if isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed:
-                    out.append(self._line(json.dumps(parsed).encode()))  # vLLM's own mid-stream error, as it is
-                    continue
-            self.called = True
-            raw = _encode(self.formatters.format_response(chunk))
-            if raw:
-                out.append(self._line(raw))
-        return b"".join(out)
+            value = self.formatters.format_response(raw_chunk)
+            if value is None:
+                continue
+            if isinstance(value, str) and value.startswith("data:"):
+                self.mode = self.mode or "edit"
+                out.append(("sse", value if value.endswith("\n\n") else value.rstrip("\n") + "\n\n"))
+            else:
+                self.mode = self.mode or "as_is"
+                out.append(("raw", _encode(value) or b""))
+        return out
+
+    def as_bytes(self, kind: str, item: Any) -> bytes:
+        if kind == "sse":
+            item = item.encode("utf-8")
+            if self.kind == "jsonl":  # LMI sends what the formatter gave, one line per chunk
+                return item.rstrip(b"\n") + b"\n"
+            return item
+        if self.kind == "sse" and not item.startswith(b"data:"):
+            return b"data: " + item.rstrip(b"\n") + b"\n\n"
+        return item if item.endswith(b"\n") else item + b"\n"
 
 
-async def formatted_stream(request: Request, body: AsyncIterator[Any], kind: str) -> AsyncIterator[bytes]:
-    """A streaming body with the formatter applied to each chunk object: a formatter that fails on
-    the first chunk makes the response a 424; later, the stream ends with an error event."""
-    formatters, lmi = response_formatter(request)  # type: ignore[misc]
-    return await hold_until_formatted(
-        request, body, _ChunkFormatter(formatters, kind), kind, lmi=lmi, prefix="Custom formatter failed: "
-    )
+async def _formatted_stream(request: Request, source: AsyncIterator[Any], formatters: Formatters, kind: str, lmi: bool):
+    """(mode, stream): the formatter runs on chunks until its first output is known, so that a
+    formatter failing at once makes the whole response a 424; later failures end the stream."""
+    state = request.scope.setdefault("state", {})
+    fmt = _ChunkFormatting(formatters, kind)
+    chunks = source.__aiter__()
+    pending: list[tuple[str, Any]] = []
+    ended = False
+    try:
+        while fmt.mode is None:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                ended = True
+                break
+            pending.extend(fmt.items(chunk))
+    except FormatterError as exc:
+        log.warning("formatters: %s", exc)
+        await close_streams(state)  # stop generating: abort the request in the engine
+        raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
+    mode = fmt.mode or "edit"
+
+    async def rest():
+        for item in pending:
+            yield item
+        if ended:
+            return
+        try:
+            async for chunk in chunks:
+                for item in fmt.items(chunk):
+                    if mode == "edit" and item[0] == "raw":
+                        raise FormatterError(f"output formatter of {formatters.owner} returned {item[1][:40]!r} where it "
+                                             "returned edited 'data:' chunks before")
+                    yield item
+        except FormatterError as exc:
+            log.warning("formatters: %s", exc)
+            error = APIError(424, f"Custom formatter failed: {exc}", lmi=lmi or kind == "jsonl")
+            yield ("sse", stream_error_event(error, "sse").decode()) if mode == "edit" else ("raw", stream_error_event(error, "jsonl"))
+            await close_streams(state)
+
+    if mode == "edit":
+        async def edited():
+            async for kind_, item in rest():
+                yield item
+        return mode, edited()
+
+    async def as_is():
+        async for kind_, item in rest():
+            yield fmt.as_bytes(kind_, item)
+    return mode, as_is()
+
+
+async def _encoded(body: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    async for chunk in body:
+        yield chunk if isinstance(chunk, bytes) else str(chunk).encode("utf-8")
+
+
+def _track(request: Request, gen: Any) -> Any:
+    request.scope.setdefault("state", {}).setdefault(STREAMS_KEY, []).append(gen)
+    return gen
+
+
+async def respond(
+    request: Request,
+    result: Any,
+    *,
+    shape_json: Callable[[dict], Any],
+    shape_stream: Callable[[AsyncIterator[str]], AsyncIterator[Any]],
+    kind: str,
+    headers: dict[str, str] | None,
+    wrap: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] = lambda body: body,
+) -> Response:
+    """The one way out: vLLM's result -> output formatter (if any) -> the schema's shape ->
+    response. `kind` is the stream's wire format ("sse" or "jsonl"); `wrap` sees the body last
+    (the admission ticket's first-token hook)."""
+    found = response_formatter(request)
+    formatters, lmi = found if found is not None else (None, kind == "jsonl")
+    media = "text/event-stream" if kind == "sse" else "application/jsonlines"
+    if not (isinstance(result, AsyncIterator) or hasattr(result, "__aiter__")):
+        value = result
+        if formatters is not None:
+            try:
+                value = formatters.format_response(result)
+            except FormatterError as exc:
+                log.warning("formatters: %s", exc)
+                raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
+            if not isinstance(value, type(result)):
+                return _sent_as_is(value, headers)
+        return JSONResponse(shape_json(value.model_dump(exclude_none=False)), headers=headers)
+    _track(request, result)
+    if formatters is None:
+        body = _encoded(_track(request, shape_stream(result)))
+    else:
+        mode, formatted = await _formatted_stream(request, result, formatters, kind, lmi)
+        body = _encoded(_track(request, shape_stream(formatted))) if mode == "edit" else formatted
+    return StreamingResponse(wrap(body), media_type=media, headers=headers)

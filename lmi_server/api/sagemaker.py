@@ -10,16 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from lmi_server.api import openai as openai_routes
-from lmi_server.api.adapter_routing import ADAPTER_HEADER, format_json, format_stream
+from lmi_server.api.adapter_routing import ADAPTER_HEADER
 from lmi_server.api.body import RAW_BODY_KEY, read_json_body
 from lmi_server.api.custom_handler import run_custom_handler
 from lmi_server.api.errors import APIError, validation_message
-from lmi_server.api.generation import admission_ticket, admit, call_serving, engine_state, served_name, track_stream, yielding
-from lmi_server.api.lmi_formatters import apply_payload_formatter, formatted_response, formatted_stream, response_formatter
+from lmi_server.api.generation import admission_ticket, admit, call_serving, engine_state, served_name, yielding
+from lmi_server.api.lmi_formatters import apply_payload_formatter, respond
 from lmi_server.api.lmi_protocol import LMIRequest, ParameterError, format_response, stream_jsonlines, to_completion_body
 
 router = APIRouter()
@@ -158,16 +158,8 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )
-    if response_formatter(request) is not None:  # LMI's output formatter gets vLLM's response (raw chunks when streaming)
-        if req.stream:
-            track_stream(request, result)
-            body = yielding(await formatted_stream(request, result, "jsonl"), admission_ticket(request))
-            return StreamingResponse(body, media_type="application/jsonlines", headers=headers)
-        return formatted_response(request, result, headers)
-    if req.stream:
-        track_stream(request, result)
-        lines = track_stream(request, stream_jsonlines(req, result))
-        return StreamingResponse(
-            yielding(await format_stream(request, lines, "jsonl"), admission_ticket(request)), media_type="application/jsonlines", headers=headers
-        )
-    return JSONResponse(format_json(request, format_response(req, result.model_dump())), headers=headers)
+    return await respond(
+        request, result, shape_json=lambda body: format_response(req, body),
+        shape_stream=lambda events: stream_jsonlines(req, events), kind="jsonl", headers=headers,
+        wrap=lambda body: yielding(body, admission_ticket(request)),
+    )

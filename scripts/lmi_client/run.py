@@ -35,7 +35,7 @@ BASE = "http://127.0.0.1:8080"
 MODEL = "lmi-server-assistant"
 ADAPTERS = ["pirate", "shouter"]
 CASES = ["vllm", "vllm_chat", "stateful", "vllm_async_adapters", "vllm_async_adapters_chat"]
-SPEC = {"batch_size": [1, 2], "seq_length": [16, 32], "stream": [False, True]}
+SPEC = {"batch_size": [1, 2], "seq_length": [16], "stream": [False, True]}
 
 
 def load_client(path: Path):

@@ -62,7 +62,10 @@ def lora(tmp_path_factory):
     (root / "broken-script" / "model.py").write_text("import no_such_module_for_lora_tests\n")
     # A formatter that raises on every request.
     shutil.copytree(root / "hello-printer", root / "raising")
-    (root / "raising" / "model.py").write_text("def output_formatter(text):\n    raise ValueError('formatter refused ' + repr(text[:5]))\n")
+    (root / "raising" / "model.py").write_text(
+        "from djl_python.output_formatter import output_formatter\n"
+        "@output_formatter\ndef refuse(response):\n    raise ValueError('formatter refused ' + repr(str(response)[:5]))\n"
+    )
     props = {
         **BASE_PROPS,
         "option.enable_lora": "true",

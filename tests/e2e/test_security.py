@@ -29,16 +29,25 @@ REDIS_PASSWORD = "redis-pw-" + secrets.token_hex(12)
 BASE = "lmi-demo"
 # Raises from its 6th streamed piece on (per request): the stream has begun when it fails.
 RAISE_LATE = """
+import json
+
+from djl_python.output_formatter import output_formatter
+
 _seen = {}
 
-def output_formatter(text, context):
-    if not context.stream:
-        return text
-    req, n = _seen.get(id(context.request), (context.request, 0))
-    _seen[id(context.request)] = (req, n + 1)  # the request kept: its id is not reused
-    if n + 1 > 5:
-        raise RuntimeError("formatter gave up at piece %d" % (n + 1))
-    return text
+
+@output_formatter
+def raise_late(response):
+    if not isinstance(response, str):  # a whole response: not streamed
+        return response
+    data = response[len("data:"):].strip()
+    if data == "[DONE]":
+        return response
+    key = json.loads(data).get("id")  # the request's id: pieces counted per stream
+    _seen[key] = _seen.get(key, 0) + 1
+    if _seen[key] > 5:
+        raise RuntimeError("formatter gave up at piece %d" % _seen[key])
+    return response
 """
 
 pytestmark = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")

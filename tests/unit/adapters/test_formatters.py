@@ -6,10 +6,12 @@ import re
 
 import pytest
 
-from lmi_server.adapters.formatters import FormatterContext, FormatterError, load_formatters
+from lmi_server.adapters.formatters import FormatterError, load_formatters
 
-UPPER = "PREFIX = 'A'\ndef output_formatter(text, context):\n    return PREFIX + text.upper()\n"
-LOWER = "PREFIX = 'B'\ndef output_formatter(text):\n    return PREFIX + text.lower()\n"
+DECORATOR = "from djl_python.output_formatter import output_formatter\n"
+UPPER = DECORATOR + "PREFIX = 'A'\n@output_formatter\ndef up(response):\n    return PREFIX + response.upper()\n"
+LOWER = DECORATOR + "PREFIX = 'B'\n@output_formatter\ndef low(response):\n    return PREFIX + response.lower()\n"
+RETIRED = "def output_formatter(text, context):\n    return text.upper()\n"
 # LMI's documented form: djl_python's decorators, a payload dict in, the response object out.
 LMI_STYLE = (
     "from djl_python.input_parser import input_formatter\n"
@@ -27,10 +29,6 @@ def write(tmp_path, name, text):
     return d
 
 
-def ctx(name="a"):
-    return FormatterContext(adapter=name, schema="completion")
-
-
 def test_no_script_means_no_formatters(tmp_path):
     (tmp_path / "plain").mkdir()
     assert load_formatters("plain", tmp_path / "plain").empty
@@ -39,17 +37,21 @@ def test_no_script_means_no_formatters(tmp_path):
 def test_each_script_in_its_own_namespace(tmp_path):
     a = load_formatters("a", write(tmp_path, "a", UPPER))
     b = load_formatters("b", write(tmp_path, "b", LOWER))
-    assert a.format_output("Hi", ctx("a")) == "AHI"
-    assert b.format_output("Hi", ctx("b")) == "Bhi"
+    assert a.format_response("Hi") == "AHI"
+    assert b.format_response("Hi") == "Bhi"
     assert a.module_name != b.module_name
     # loading the same directory twice gives independent modules
     again = load_formatters("a", tmp_path / "a")
-    assert again.module_name != a.module_name and again.format_output("x", ctx()) == "AX"
+    assert again.module_name != a.module_name and again.format_response("x") == "AX"
+
+
+def test_the_retired_text_contract_is_refused_with_how_to_mark_it(tmp_path):
+    with pytest.raises(FormatterError, match=r"defines output_formatter\(\) without a decorator; mark it with @output_formatter"):
+        load_formatters("old", write(tmp_path, "old", RETIRED))
 
 
 def test_lmi_decorated_formatters_take_the_payload_and_the_response(tmp_path):
     f = load_formatters("d", write(tmp_path, "d", LMI_STYLE))
-    assert f.input is None and f.output is None  # the decorators, imported by name, are not formatters
     body = f.format_payload({"question": "Why?"}, tokenizer="TOK")
     assert body == {"inputs": "Why?", "parameters": {"max_new_tokens": 4}, "tok": "TOK"}
     assert f.format_response({"text": "because"}) == {"answer": "because"}
@@ -79,7 +81,7 @@ def test_helper_modules_beside_model_py_are_importable(tmp_path):
     ("text", "refused"),
     [
         ("from djl_python.input_parser import init_handler\n@init_handler\ndef init(d, **kw):\n    return None\n", "@init_handler"),
-        ("def handle(inputs):\n    return None\n", "handle()"),
+        ("async def handle(inputs):\n    return None\n", "a custom handler belongs in the model directory"),
         ("def model_fn(d):\n    return None\n", "model_fn()"),
     ],
 )
@@ -95,7 +97,7 @@ def test_a_model_level_script_takes_lmis_contract_only(tmp_path):
     f = load_model_formatters(write(tmp_path, "m", LMI_STYLE))
     assert f.payload_input is not None and f.response_output is not None and f.owner == "the model"
     with pytest.raises(FormatterError, match="marks no function with @input_formatter"):
-        load_model_formatters(write(tmp_path, "plain", UPPER))
+        load_model_formatters(write(tmp_path, "plain", "x = 1\n"))
 
 
 def test_import_failure_is_a_clear_error(tmp_path):
@@ -110,9 +112,6 @@ def test_import_failure_is_a_clear_error(tmp_path):
 
 
 def test_formatter_that_raises(tmp_path):
-    f = load_formatters("r", write(tmp_path, "r", "def output_formatter(t):\n    raise ValueError('nope ' + t)\n"))
-    with pytest.raises(FormatterError, match="output_formatter of adapter 'r' failed: ValueError: nope x"):
-        f.format_output("x", ctx("r"))
-    g = load_formatters("s", write(tmp_path, "s", "def output_formatter(t):\n    return 3\n"))
-    with pytest.raises(FormatterError, match="must return str"):
-        g.format_output("x", ctx("s"))
+    f = load_formatters("r", write(tmp_path, "r", DECORATOR + "@output_formatter\ndef f(t):\n    raise ValueError('nope ' + t)\n"))
+    with pytest.raises(FormatterError, match="output formatter of adapter 'r' failed: ValueError: nope x"):
+        f.format_response("x")

@@ -8,6 +8,8 @@ import time
 import pytest
 
 from lmi_server.adapters.formatters import FormatterError
+
+OUTPUT_FORMATTER = "from djl_python.output_formatter import output_formatter\n@output_formatter\ndef f(r):\n    return r\n"
 from lmi_server.adapters.registry import AdapterConflict, AdapterNotFound, AdapterRegistry, AdapterUnavailable
 from lmi_server.adapters.validation import AdapterInvalid
 from tests.unit.adapters.conftest import FakeBackend, make_adapter
@@ -20,7 +22,7 @@ def registry(root, backend, base_info, capacity=2):
 def test_discovers_100_adapters_in_well_under_a_second(tmp_path, base_info, fake_backend):
     root = tmp_path / "adapters"
     for i in range(100):
-        make_adapter(root, f"a{i:03d}", model_py="def output_formatter(t):\n    return t\n" if i % 10 == 0 else None)
+        make_adapter(root, f"a{i:03d}", model_py=OUTPUT_FORMATTER if i % 10 == 0 else None)
     (root / "not-an-adapter").mkdir()
     reg = registry(root, fake_backend, base_info)
     start = time.perf_counter()
@@ -29,7 +31,7 @@ def test_discovers_100_adapters_in_well_under_a_second(tmp_path, base_info, fake
     assert len(ok) == 100 and not failed
     assert elapsed < 0.5, elapsed
     assert fake_backend.loads == []  # nothing loaded at registration
-    assert reg.get("a010").formatters.output is not None
+    assert reg.get("a010").formatters.response_output is not None
 
 
 def test_broken_adapter_fails_alone(tmp_path, base_info, fake_backend):

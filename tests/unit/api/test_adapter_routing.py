@@ -1,6 +1,7 @@
-"""The adapter path in the API: KV salt per adapter, output formatting where the response is made
-(JSON, SSE, jsonlines), 424 before a stream starts, an error event mid-stream, bounded buffering,
-generators closed (engine request aborted) and the lease released."""
+"""The adapter path in the API and the one way out: KV salt per adapter; output formatters on
+vLLM's response objects and raw stream chunks (edited -> still shaped, anything else -> sent as is),
+424 before a stream starts, an error event mid-stream, generators closed (engine request aborted)
+and the lease released."""
 
 from __future__ import annotations
 
@@ -9,21 +10,15 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from starlette.responses import StreamingResponse
 
 from lmi_server.adapters.formatters import Formatters
 from lmi_server.adapters.transforms import isolated_cache_salt
-from lmi_server.api.adapter_routing import (
-    MAX_PENDING_BYTES,
-    STATE_KEY,
-    STREAMS_KEY,
-    AdapterLeaseMiddleware,
-    AdapterUse,
-    apply_cache_salt,
-    format_json,
-    format_stream,
-)
+from pydantic import BaseModel
+
+from lmi_server.api.adapter_routing import STATE_KEY, AdapterLeaseMiddleware, AdapterUse, apply_cache_salt
 from lmi_server.api.errors import APIError
+from lmi_server.api.lmi_formatters import STATE_KEY as FORMATTER_KEY
+from lmi_server.api.lmi_formatters import respond
 
 
 def test_cache_salt_follows_the_requests_adapter():
@@ -38,27 +33,44 @@ def test_cache_salt_follows_the_requests_adapter():
     assert parsed.cache_salt is None
 
 
-def _request(fmt, schema="completion", lmi=False, lease=None):
-    use = AdapterUse("a", schema, lmi, lease, Formatters(output=fmt, _out_arity=1), None, True)
-    return SimpleNamespace(scope={"state": {STATE_KEY: use}})
+class Completion(BaseModel):
+    choices: list[dict]
 
 
-def test_json_bodies_are_formatted_and_a_failing_formatter_is_424():
-    request = _request(lambda t: t.upper(), schema="lmi", lmi=True)
-    assert format_json(request, {"generated_text": "ab"}) == {"generated_text": "AB"}
+def _request(fmt, lmi=False):
+    formatters = Formatters(response_output=fmt, owner="adapter 'a'")
+    return SimpleNamespace(scope={"state": {FORMATTER_KEY: (formatters, lmi)}})
 
-    def boom(text):
+
+def _respond(request, result, **kw):
+    kw.setdefault("shape_json", lambda body: {"shaped": body})
+    kw.setdefault("shape_stream", lambda events: events)
+    return asyncio.run(respond(request, result, kind=kw.pop("kind", "sse"), headers=None, **kw))
+
+
+def test_a_formatter_that_edits_the_response_keeps_the_schemas_shape_and_others_are_sent_as_is():
+    def shout(response):
+        for choice in response.choices:
+            choice["text"] = choice["text"].upper()
+        return response
+
+    edited = _respond(_request(shout), Completion(choices=[{"text": "ab"}]))
+    assert json.loads(edited.body) == {"shaped": {"choices": [{"text": "AB"}]}}
+    replaced = _respond(_request(lambda r: {"answer": r.choices[0]["text"]}), Completion(choices=[{"text": "ab"}]))
+    assert json.loads(replaced.body) == {"answer": "ab"}  # LMI: what the formatter returns is sent
+    plain = _respond(SimpleNamespace(scope={"state": {}}), Completion(choices=[{"text": "ab"}]))
+    assert json.loads(plain.body) == {"shaped": {"choices": [{"text": "ab"}]}}
+
+    def boom(response):
         raise ValueError("nope")
 
     with pytest.raises(APIError) as err:
-        format_json(_request(boom, schema="lmi", lmi=True), {"generated_text": "ab"})
+        _respond(_request(boom, lmi=True), Completion(choices=[{"text": "ab"}]))
     assert err.value.status == 424 and err.value.body() == {"error": err.value.message, "code": 424}
-    # no adapter (or no output formatter): the body is untouched
-    assert format_json(SimpleNamespace(scope={"state": {}}), {"x": 1}) == {"x": 1}
 
 
-def _run_stream(fmt, chunks, kind="sse"):
-    """format_stream + StreamingResponse over `chunks`; returns (messages, produced, closed)."""
+def _run_stream(fmt, chunks, kind="sse", shape_stream=None):
+    """respond() over a stream of `chunks`; returns (messages, produced, closed)."""
     produced, closed, messages = [], [], []
 
     async def gen():
@@ -78,27 +90,63 @@ def _run_stream(fmt, chunks, kind="sse"):
     async def main():
         request = _request(fmt)
         g = gen()
-        request.scope["state"][STREAMS_KEY] = [g]
-        body = await format_stream(request, g, kind)
+        response = await respond(request, g, shape_json=dict, shape_stream=shape_stream or (lambda events: events),
+                                 kind=kind, headers=None)
         scope = {"type": "http", "asgi": {"spec_version": "2.4"}, "path": "/v1/completions", "headers": []}
-        await StreamingResponse(body, media_type="text/event-stream")(scope, receive, send)
+        await response(scope, receive, send)
 
     asyncio.run(main())
     return messages, produced, closed
 
 
-def test_formatter_raising_mid_stream_ends_with_an_sse_error_and_closes_the_generator():
+def _body(messages) -> str:
+    return b"".join(m.get("body", b"") for _, m in messages if m["type"] == "http.response.body").decode()
+
+
+def _text(chunk: str) -> str:
+    return json.loads(chunk[len("data: "):])["choices"][0]["text"]
+
+
+def test_the_formatter_gets_each_raw_chunk_string_as_lmi_hands_it():
+    seen = []
+
+    def fmt(chunk):
+        seen.append(chunk)
+        return {"piece": _text(chunk)} if chunk != "data: [DONE]\n\n" else {"done": True}
+
+    chunks = [f'data: {{"choices": [{{"text": "t{i}"}}]}}\n\n' for i in range(3)] + ["data: [DONE]\n\n"]
+    messages, _, _ = _run_stream(fmt, chunks, kind="jsonl")
+    assert seen == chunks  # strings, [DONE] included (on /invocations)
+    assert [json.loads(line) for line in _body(messages).splitlines()] == [{"piece": "t0"}, {"piece": "t1"}, {"piece": "t2"}, {"done": True}]
+
+
+def test_edited_chunks_are_still_shaped_for_the_schema():
+    def shout(chunk):
+        data = json.loads(chunk[len("data: "):])
+        data["choices"][0]["text"] = data["choices"][0]["text"].upper()
+        return "data: " + json.dumps(data) + "\n\n"
+
+    async def count_lines(events):
+        async for event in events:
+            yield "line:" + _text(event) + "\n"
+
+    chunks = [f'data: {{"choices": [{{"text": "t{i}"}}]}}\n\n' for i in range(3)]
+    messages, _, _ = _run_stream(shout, chunks, kind="jsonl", shape_stream=count_lines)
+    assert _body(messages).splitlines() == ["line:T0", "line:T1", "line:T2"]
+
+
+def test_formatter_raising_mid_stream_ends_with_an_error_event_and_closes_the_generator():
     calls = []
 
-    def fmt(text):
-        calls.append(text)
+    def fmt(chunk):
+        calls.append(chunk)
         if len(calls) > 3:
             raise ValueError("boom")
-        return text.upper()
+        return {"piece": _text(chunk).upper()}
 
     chunks = [f'data: {{"choices": [{{"text": "t{i}"}}]}}\n\n' for i in range(1000)]
     messages, produced, closed = _run_stream(fmt, chunks)
-    bodies = b"".join(m.get("body", b"") for _, m in messages if m["type"] == "http.response.body").decode()
+    bodies = _body(messages)
     assert messages[0][1]["status"] == 200 and '"T0"' in bodies
     last = bodies.strip().splitlines()[-1]
     assert last.startswith("data: ") and json.loads(last[6:])["error"]["code"] == 424 and "boom" in last
@@ -106,20 +154,20 @@ def test_formatter_raising_mid_stream_ends_with_an_sse_error_and_closes_the_gene
 
 
 def test_jsonlines_stream_error_is_a_jsonlines_line():
-    def fmt(text):
-        if text == "t2":
+    def fmt(chunk):
+        if _text(chunk) == "t2":
             raise ValueError("boom")
-        return text
+        return {"piece": _text(chunk)}
 
-    chunks = [json.dumps({"token": {"id": i, "text": f"t{i}"}, "generated_text": None}) + "\n" for i in range(100)]
+    chunks = [f'data: {{"choices": [{{"text": "t{i}"}}]}}\n\n' for i in range(100)]
     messages, produced, closed = _run_stream(fmt, chunks, kind="jsonl")
-    lines = b"".join(m.get("body", b"") for _, m in messages if m["type"] == "http.response.body").decode().splitlines()
-    assert json.loads(lines[-1]) == {"error": json.loads(lines[-1])["error"], "code": 424} and "boom" in lines[-1]
+    lines = _body(messages).splitlines()
+    assert json.loads(lines[-1])["code"] == 424 and "boom" in lines[-1]
     assert closed and len(produced) < 10
 
 
-def test_formatter_failing_on_the_first_text_is_a_424_before_the_response_starts():
-    def fmt(text):
+def test_formatter_failing_on_the_first_chunk_is_a_424_before_the_response_starts():
+    def fmt(chunk):
         raise ValueError("refused")
 
     with pytest.raises(APIError) as err:
@@ -127,20 +175,12 @@ def test_formatter_failing_on_the_first_text_is_a_424_before_the_response_starts
     assert err.value.status == 424 and "refused" in err.value.message
 
 
-def test_buffering_before_the_formatters_first_output_is_bounded():
-    chunks = ['data: {"choices": [{"text": ""}]}' + " " * 100 + "\n\n" for _ in range(3000)]  # no text: formatter not called
-    messages, produced, _ = _run_stream(lambda t: t, chunks)
-    started_after = next(n for n, m in messages if m["type"] == "http.response.start")
-    assert started_after * len(chunks[0]) <= MAX_PENDING_BYTES + len(chunks[0])
-    assert len(produced) == 3000
-
-
 def test_the_lease_is_released_when_the_response_fails():
     released = []
     lease = SimpleNamespace(release=lambda: asyncio.sleep(0, released.append(True)))
 
     async def app(scope, receive, send):
-        scope["state"][STATE_KEY] = AdapterUse("a", "chat", False, lease, Formatters(), None)
+        scope["state"][STATE_KEY] = AdapterUse("a", lease)
         raise RuntimeError("the route failed")
 
     scope = {"type": "http", "state": {}}

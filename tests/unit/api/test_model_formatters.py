@@ -19,7 +19,7 @@ def test_a_model_level_script_is_loaded_at_start_up(tmp_path):
     [
         ("import no_such_module_for_model_py\n", "ModuleNotFoundError"),
         ("def handle(inputs):\n    return None\n", "not as `async def handle(inputs)`"),
-        ("def output_formatter(text):\n    return text\n", "marks no function with @input_formatter"),
+        ("def output_formatter(text):\n    return text\n", "without a decorator; mark it with @output_formatter"),
     ],
 )
 def test_a_model_level_script_that_cannot_be_used_is_a_start_up_error(tmp_path, script, reason):
