@@ -269,3 +269,14 @@ async def stream_jsonlines(req: LMIRequest, sse: AsyncIterator[str]) -> AsyncIte
                 yield json.dumps(line) + "\n"
     if not finished:  # the engine ended the stream without a finish reason
         yield error_line("generation ended without a finish reason", 500)
+
+
+def tgi_list(response: Any) -> list[Any]:
+    """`option.tgi_compat`: TGI answers a non-streamed request with a list."""
+    return response if isinstance(response, list) else [response]
+
+
+async def as_sse(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """`option.tgi_compat`: the same lines as server-sent events (`data:` prefixed)."""
+    async for line in lines:
+        yield "data: " + line.rstrip("\n") + "\n\n"

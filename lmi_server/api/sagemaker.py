@@ -20,7 +20,15 @@ from lmi_server.api.custom_handler import run_custom_handler
 from lmi_server.api.errors import APIError, validation_message
 from lmi_server.api.generation import admission_ticket, admit, call_serving, engine_state, served_name, yielding
 from lmi_server.api.lmi_formatters import apply_payload_formatter, respond
-from lmi_server.api.lmi_protocol import LMIRequest, ParameterError, format_response, stream_jsonlines, to_completion_body
+from lmi_server.api.lmi_protocol import (
+    LMIRequest,
+    ParameterError,
+    as_sse,
+    format_response,
+    stream_jsonlines,
+    tgi_list,
+    to_completion_body,
+)
 
 router = APIRouter()
 
@@ -158,6 +166,12 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )
+    if request.app.state.config.server.tgi_compat:  # TGI's shape: a list, or server-sent events
+        return await respond(
+            request, result, shape_json=lambda body: tgi_list(format_response(req, body)),
+            shape_stream=lambda events: as_sse(stream_jsonlines(req, events)), kind="sse", headers=headers,
+            wrap=lambda body: yielding(body, admission_ticket(request)),
+        )
     return await respond(
         request, result, shape_json=lambda body: format_response(req, body),
         shape_stream=lambda events: stream_jsonlines(req, events), kind="jsonl", headers=headers,

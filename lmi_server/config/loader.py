@@ -50,7 +50,7 @@ def log_lmi_settings(cfg: ServingConfig) -> None:
     """One line per LMI setting that is not simply an option of this server: what it became, or
     why it does not apply; and LMI's defaults where they differ from vLLM's."""
     for key, what in cfg.translated.items():
-        log.info("LMI setting %s: %s", key, what)  # never a secret value: names and reasons only
+        log.info("LMI setting %s -> %s", key, what)  # never a secret value: names and reasons only
     for key, why in cfg.not_applicable.items():
         log.info("%s is not applicable here (%s); ignored", key, why)
     for arg, why in cfg.defaults.items():

@@ -41,6 +41,11 @@ class ServerOptions(BaseModel):
     model_loading_timeout: int = Field(
         3600, gt=0, description="Seconds the engine may take to start before start-up fails (LMI key)."
     )
+    tgi_compat: bool = Field(
+        False,
+        description="LMI-schema answers in TGI's shape (LMI key): a list around a non-streamed answer, server-sent "
+        "events (data: lines) when streaming.",
+    )
     job_queue_size: int = Field(
         1000,
         ge=0,

@@ -7,8 +7,9 @@ The client is read from an LMI checkout (it is LMI's, not part of this project);
 127.0.0.1:8080 and calls `./awscurl`, for which `awscurl.py` beside this file stands in. With
 `--start` the server is started here on port 8080 on the embedded assistant with its example
 adapters (`pirate`, `shouter`), as the README's LoRA example does. Cases (the model-independent
-ones of LMI's vLLM suite): `vllm` (rolling batch, streaming and not), `vllm_chat`, `stateful`,
-`vllm_async_adapters`, `vllm_async_adapters_chat`. The adapter cases delete their first adapter at
+ones of LMI's vLLM suite): `vllm`, `vllm_neo` and `no_code` (rolling batch, streaming and not),
+`vllm_chat`, `vllm_tool` (chat with tools), `stateful`, `vllm_async_adapters`,
+`vllm_async_adapters_chat`. The adapter cases delete their first adapter at
 the end; it is registered again before the next case (LMI's CI starts a fresh container per case).
 Writes a JSON record of each case: passed or the exception, and how long it took.
 """
@@ -34,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 BASE = "http://127.0.0.1:8080"
 MODEL = "lmi-server-assistant"
 ADAPTERS = ["pirate", "shouter"]
-CASES = ["vllm", "vllm_chat", "stateful", "vllm_async_adapters", "vllm_async_adapters_chat"]
+CASES = ["vllm", "vllm_neo", "no_code", "vllm_chat", "vllm_tool", "stateful", "vllm_async_adapters", "vllm_async_adapters_chat"]
 SPEC = {"batch_size": [1, 2], "seq_length": [16], "stream": [False, True]}
 
 
@@ -43,8 +44,9 @@ def load_client(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.vllm_model_spec[MODEL] = {**SPEC, "adapters": ADAPTERS}
-    module.vllm_chat_model_spec[MODEL] = dict(SPEC)
-    module.stateful_model_spec[MODEL] = dict(SPEC)
+    for table in ("vllm_neo_model_spec", "no_code_rolling_batch_spec", "vllm_chat_model_spec", "vllm_tool_model_spec",
+                  "stateful_model_spec"):
+        getattr(module, table)[MODEL] = dict(SPEC)
     return module
 
 

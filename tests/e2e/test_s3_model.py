@@ -26,7 +26,7 @@ def test_a_model_in_s3_is_downloaded_at_start_up_and_served(moto_s3, tmp_path, m
     for name, value in env.items():
         monkeypatch.setenv(name, value)  # the server process inherits them, as from a container's environment
     url = "s3://models/demo"
-    props = {**DEMO_PROPS, "option.model_id": url}
+    props = {**DEMO_PROPS, "option.model_id": url, "option.tgi_compat": "true"}  # a TGI client's deployment
     with running_server(tmp_path / "model-dir", props) as server:
         local = ms.local_dir(url)
         manifest = json.loads((local / ms.MANIFEST).read_text())
@@ -44,5 +44,11 @@ def test_a_model_in_s3_is_downloaded_at_start_up_and_served(moto_s3, tmp_path, m
         assert r.json()["choices"][0]["text"]
         r = httpx.post(server.base_url + "/invocations", json={"inputs": "import os", "parameters": {"max_new_tokens": 4}}, timeout=120)
         assert r.status_code == 200, r.text
+        assert isinstance(r.json(), list) and r.json()[0]["generated_text"]  # option.tgi_compat: TGI's list
+        with httpx.stream("POST", server.base_url + "/invocations", timeout=120,
+                          json={"inputs": "import os", "parameters": {"max_new_tokens": 4}, "stream": True}) as s:
+            assert s.headers["content-type"].startswith("text/event-stream")
+            events = [json.loads(line[len("data: "):]) for line in s.iter_lines() if line.startswith("data: ")]
+        assert 1 <= len(events) <= 4 and events[-1]["generated_text"] and all(e["token"]["text"] is not None for e in events)
         log = server.log_path.read_text(errors="replace")
         assert f"{url}: downloaded to {local}" in log

@@ -276,3 +276,15 @@ def test_json_depth_is_measured_without_recursion():
     for _ in range(100_000):
         value = [value]
     assert json_depth_exceeds(value)
+
+
+def test_tgi_compat_shapes_a_list_and_server_sent_events():
+    from lmi_server.api.lmi_protocol import as_sse, tgi_list
+
+    assert tgi_list({"generated_text": "a"}) == [{"generated_text": "a"}]
+    assert tgi_list([{"generated_text": "a"}]) == [{"generated_text": "a"}]
+
+    async def lines():
+        yield '{"token": 1}\n'
+
+    assert _collect(as_sse(lines())) == ['data: {"token": 1}\n\n']
