@@ -22,6 +22,13 @@ $(STAMP): pyproject.toml scripts/repair_torch.py Makefile
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -e ".[$(FLAVOUR),test,bench]"
 	$(PY) scripts/repair_torch.py
+	@# tcmalloc for the CPU engine (vLLM's CPU guide; lmi_server/cpu_preload.py): installed when we can, never required.
+	@if [ "$(FLAVOUR)" = cpu ] && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	        (apt-get update -qq && apt-get install -y -qq --no-install-recommends libtcmalloc-minimal4) \
+	            || echo "libtcmalloc-minimal4 not installed: the CPU engine runs without tcmalloc (slower)"; \
+	    else echo "tcmalloc not found: install libtcmalloc-minimal4 (as root) for a faster CPU engine"; fi; \
+	fi
 	$(PY) -m pip install --quiet --no-deps "$(ASSISTANT_PKG)"
 	$(PY) -c "import vllm, lmcache, lmi_server; print('setup ok:', '$(FLAVOUR)')"
 	$(VENV)/bin/lmi-server default-model

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from lmi_server.config import host
 from lmi_server.config.schema import ServingConfig
+from lmi_server.cpu_preload import plan_preload
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,21 @@ TELEMETRY_OFF_ENV = {
 CPU_ENGINE_ENV = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
 
 
-def engine_environment(cfg: ServingConfig, *, gpus: int | None = None) -> dict[str, str]:
+def engine_environment(
+    cfg: ServingConfig, *, gpus: int | None = None, notes: list[str] | None = None
+) -> dict[str, str]:
     """Environment the engine processes need, derived from the config and the host (applied by
-    `Runtime.apply_environment`, where a variable the user set wins)."""
+    `Runtime.apply_environment`, where a variable the user set wins; LD_PRELOAD already holds the
+    user's own entries). On CPU hosts: tcmalloc and Intel OpenMP preloaded as vLLM's CPU guide
+    says, where found (`cpu_preload`; its one line goes to `notes`)."""
     env = dict(TELEMETRY_OFF_ENV)
-    if (host.gpu_count() if gpus is None else gpus) == 0:
+    gpus = host.gpu_count() if gpus is None else gpus
+    if gpus == 0:
         env.update(CPU_ENGINE_ENV)
+    preload = plan_preload(gpus=gpus)
+    env.update(preload.environment())
+    if preload.note is not None and notes is not None:
+        notes.append(preload.note)
     if cfg.server.cpu_kv_cache_space is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.server.cpu_kv_cache_space)
     env.setdefault("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))

@@ -17,6 +17,7 @@ from typing import Any
 from lmi_server.config import host
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.config.options import default_reserved_slots
+from lmi_server.cpu_preload import MERGED_ENV
 from lmi_server.engine import engine_environment
 from lmi_server.kvcache.engine_memory import EngineMemoryError, EngineMemoryPlan, plan_cpu_kv_cache, probe_memory
 from lmi_server.kvcache.footprint import DTYPE_BYTES, ModelConfigError, kv_footprint
@@ -41,8 +42,13 @@ class Runtime:
     """Slots added to the engine for fair admission (`fair_headroom`); None where none were."""
 
     def apply_environment(self) -> None:
+        """Before the engine is built: vLLM spawns its engine processes, which take this
+        environment. A variable the user set wins; LD_PRELOAD is merged (`cpu_preload`)."""
         for key, value in self.env.items():
-            os.environ.setdefault(key, value)
+            if key in MERGED_ENV:
+                os.environ[key] = value
+            else:
+                os.environ.setdefault(key, value)
 
     def log_start_up(self, log: logging.Logger) -> None:
         """What `lmi-server config` would show that an operator must see in the serving log too:
@@ -111,7 +117,7 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
     speculative = resolve_speculative(cfg, engine_args, build_demo=build_demo, notes=notes)
     if speculative is not None:
         engine_args["speculative_config"] = speculative
-    env = engine_environment(cfg)
+    env = engine_environment(cfg, notes=notes)
     # A file-configured LMCache CPU tier is known before the engine's KV size; the auto plan
     # instead sizes its tier from what the engine's KV leaves.
     kv_plan = plan_kv_cache(cfg, engine_args) if cfg.lmcache.lmcache_config_file is not None else None
