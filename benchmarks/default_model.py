@@ -9,7 +9,9 @@ without and with its shipped EAGLE head, measured side by side in one run.
 Each mode starts `lmi-server serve` with no model option (the default assistant, as `make serve`);
 "eagle" / "eagle3" add only `OPTION_SPECULATIVE_METHOD` (the server then uses the draft head
 shipped for the built-in model; "eagle3_kN" also sets `OPTION_NUM_SPECULATIVE_TOKENS=N`), "ngram" only `OPTION_SPECULATIVE_METHOD=ngram` (prompt lookup); "head_kN" `OPTION_SPECULATIVE_CONFIG` with the
-EAGLE-3 head given by `--head` and N draft tokens (a candidate head beside the shipped one); "bfloat16" / "float32" set only `OPTION_DTYPE`. Greedy streamed chat requests (held-out questions, never seen in the
+EAGLE-3 head given by `--head` and N draft tokens (a candidate head beside the shipped one); "bfloat16" / "float32" set only `OPTION_DTYPE`;
+"no_preload" only `LMI_CPU_PRELOAD=0` (the engine without tcmalloc / Intel OpenMP preloaded:
+`--modes no_preload plain --concurrency 1 4 --baseline no_preload --name cpu_preload`). Greedy streamed chat requests (held-out questions, never seen in the
 drafts' training: none is in the EAGLE-1 kit nor in the assistant corpus the EAGLE-3 head learned
 from) run at each concurrency level. Recorded: output tokens/s over the level, mean
 inter-token latency and time to first token per request, and, for EAGLE, the acceptance rate and
@@ -55,6 +57,7 @@ MODES = {  # the only environment each mode adds to `make serve`'s
     **{f"head_k{n}": {} for n in (1, 2, 3)},  # --head's EAGLE-3 head with n draft tokens
     "bfloat16": {"OPTION_DTYPE": "bfloat16"},
     "float32": {"OPTION_DTYPE": "float32"},
+    "no_preload": {"LMI_CPU_PRELOAD": "0"},  # vLLM's CPU runtime without tcmalloc / Intel OpenMP
 }
 
 
@@ -91,6 +94,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=0, help="per level; default max(6, 2 x concurrency)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--name", default="default_model")
+    ap.add_argument("--baseline", default="plain", help="the mode the speed-ups are relative to")
     ap.add_argument("--head", help="an EAGLE-3 head directory for the head_kN modes (a candidate beside the shipped one)")
     args = ap.parse_args()
     if any(m.startswith("head_") for m in args.modes) and not args.head:
@@ -99,7 +103,7 @@ def main() -> int:
     load_start = os.getloadavg()
     runs = []
     for mode in args.modes:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID", "LMI_CPU_PRELOAD"))}
         env.update(MODES[mode])
         if mode.startswith("head_k"):
             env["OPTION_SPECULATIVE_CONFIG"] = json.dumps(
@@ -117,20 +121,32 @@ def main() -> int:
             sample = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
                 "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 32, "temperature": 0}).json()
             levels[0]["answer_sample"] = sample["choices"][0]["message"]["content"]
-        runs.append({"mode": mode, "start_s": round(server.start_s, 1), "levels": levels})
+        runs.append({"mode": mode, "start_s": round(server.start_s, 1), "levels": levels,
+                     "cpu_runtime": cpu_runtime_lines(work / f"{mode}.log")})
     doc = {
         "benchmark": "default_model", "machine": machine(), "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(), "max_tokens": args.max_tokens, "runs": runs,
     }
-    base = {lv["concurrency"]: lv["output_tokens_per_s"] for r in runs if r["mode"] == "plain" for lv in r["levels"]}
+    base = {lv["concurrency"]: lv["output_tokens_per_s"] for r in runs if r["mode"] == args.baseline for lv in r["levels"]}
     for r in runs:
         for lv in r["levels"]:
             if base.get(lv["concurrency"]):
-                lv["speedup_vs_plain"] = round(lv["output_tokens_per_s"] / base[lv["concurrency"]], 3)
+                lv[f"speedup_vs_{args.baseline}"] = round(lv["output_tokens_per_s"] / base[lv["concurrency"]], 3)
     path = save(args.name, doc)
     plot(doc, RESULTS / f"{args.name}.png")
     print(f"wrote {path}")
     return 0
+
+
+def cpu_runtime_lines(log: Path) -> list[str]:
+    """The server's line on the engine's LD_PRELOAD and vLLM's worker's own check of it."""
+    keep = ("CPU runtime", "not found in LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND=", "reserve_cpu_num=", "core ids=",
+            "reserved_cpus=")
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return []
+    return list(dict.fromkeys(line.strip()[-300:] for line in text.splitlines() if any(k in line for k in keep)))
 
 
 def plot(doc: dict, out: Path) -> None:
