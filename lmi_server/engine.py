@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lmi_server.config import host
+from lmi_server.config.model_kind import check_engine_kind
 from lmi_server.config.schema import ServingConfig
 from lmi_server.cpu_preload import plan_preload
 
@@ -182,6 +183,7 @@ class EngineOwner:
         )
         serving = State()
         supported_tasks = await engine.get_supported_tasks()
+        check_engine_kind(self.cfg.kind, supported_tasks)  # the routes mounted are the kind's: vLLM must agree
         await init_app_state(engine, serving, args, supported_tasks)
         self.state.engine = engine
         self.state.serving = serving

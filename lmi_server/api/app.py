@@ -10,9 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from lmi_server.api import adapter_wiring
-from lmi_server.api import openai as openai_routes
-from lmi_server.api import sagemaker
+from lmi_server.api import adapter_wiring, kinds
 from lmi_server.api.admission import Admission, AdmissionReleaseMiddleware
 from lmi_server.api.lifecycle import engine_watchdog
 from lmi_server.api.openapi import install_openapi
@@ -148,8 +146,7 @@ def create_app(
         from vllm.entrypoints.serve.middleware.x_request_id import XRequestIdMiddleware
 
         app.add_middleware(XRequestIdMiddleware)
-    app.include_router(sagemaker.router)
-    app.include_router(openai_routes.router)
+    kinds.install(app, cfg.kind)  # the model kind's routes (generate, embed, ...), chosen once here
     app.include_router(metrics_router)
     adapter_wiring.install(app)  # LoRA adapters: /adapters routes, resolvers, lease middleware; registry once the engine is ready
     install_openapi(app)  # the request bodies the routes read themselves

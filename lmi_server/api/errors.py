@@ -119,6 +119,26 @@ def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | 
     return None
 
 
+def from_serving_exception(exc: BaseException, *, lmi: bool = False) -> APIError | None:
+    """What vLLM's pooling serving classes raise for a bad request (they raise; they do not return
+    ErrorResponse): the status vLLM's own server gives it when that is a 4xx (a text over the
+    token limit, `dimensions` for a model without Matryoshka vectors: 400); a dead engine 503;
+    anything else None (a server error)."""
+    mapped = from_vllm_exception(exc, lmi=lmi)
+    if mapped is not None:
+        if mapped.status == 424:  # LMI's 424 is for generation prompts; an embedding input over the limit is a 400
+            mapped.status = 400
+        return mapped
+    try:
+        from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    except ImportError:  # pragma: no cover - moved in another vLLM
+        return None
+    error = create_error_response(exc).error
+    if 400 <= int(error.code) < 500:
+        return APIError(int(error.code), str(error.message), param=getattr(error, "param", None), lmi=lmi)
+    return None
+
+
 ADAPTER_ERRORS = (AdapterNotFound, AdapterConflict, AdapterInvalid, AdapterUnavailable, FormatterError)
 
 

@@ -255,7 +255,7 @@ def _engine(full_key: str, raw: str, properties: Mapping[str, str], environ: Map
 
 
 def _task(full_key: str, raw: str, properties: Mapping[str, str], environ: Mapping[str, str], out: Translation) -> None:
-    task = raw.strip().lower()
+    task = raw.strip().lower().replace("_", "-")  # text_embedding is text-embedding, as users write both
     wanted = TASK_RUNNER_CONVERT.get(task)
     if wanted is None:
         out.translated[full_key] = f"{raw!r} is not one of LMI's vLLM tasks; vLLM picks the runner from the model, as in LMI"

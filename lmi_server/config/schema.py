@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmi_server.config import host
+from lmi_server.config.model_kind import ModelKind, decide_kind
 from lmi_server.config.lmi_compat import (
     EnvironmentReading,
     apply_gpu_defaults,
@@ -41,8 +42,11 @@ from lmi_server.redact import mask_value
 DEFAULT_MODEL_DIR = Path("/opt/ml/model")
 DEMO_SERVED_NAME = "lmi-demo"
 ASSISTANT_SERVED_NAME = "smollm2-135m-instruct"
-# Models that ship with the server, by the name `option.model_id` gives them.
-BUILTIN_MODELS = {ASSISTANT_SERVED_NAME: "assistant", DEMO_SERVED_NAME: "demo"}
+EMBEDDING_SERVED_NAME = "all-minilm-l6-v2"
+# Models that ship with the server, by the name `option.model_id` gives them -> their source.
+BUILTIN_MODELS = {ASSISTANT_SERVED_NAME: "assistant", DEMO_SERVED_NAME: "demo", EMBEDDING_SERVED_NAME: "embedding"}
+BUILTIN_SOURCES = ("demo", "assistant", "embedding")
+BUILTIN_KINDS = {"demo": "generate", "assistant": "generate", "embedding": "embed"}
 
 
 # LMI name -> vLLM engine-argument name, and LMI keys accepted as not applicable: both from the
@@ -171,7 +175,7 @@ def _example(key: str, desc: dict[str, Any]) -> str:
 class ResolvedModel(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    source: Literal["local", "hub", "demo", "assistant", "s3"]
+    source: Literal["local", "hub", "demo", "assistant", "embedding", "s3"]
     path_or_id: str
     served_names: list[str]
 
@@ -183,6 +187,8 @@ class ServingConfig(BaseModel):
 
     model_dir: Path
     model: ResolvedModel
+    kind: ModelKind
+    """What the model does (generate, embed, classify) and why: the HTTP routes follow it."""
     engine_args: dict[str, Any]
     frontend_args: dict[str, Any] = Field(default_factory=dict)
     """vLLM `serve` front-end options (applied to vLLM's serving objects, not to the engine)."""
@@ -214,7 +220,11 @@ def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) 
             return ResolvedModel(source="local", path_or_id=str(model_dir), served_names=names(model_dir.name))
         model_id = ASSISTANT_SERVED_NAME
     if model_id in BUILTIN_MODELS:
-        return _builtin_model(model_id, names(model_id))
+        try:
+            return _builtin_model(model_id, names(model_id))
+        except RuntimeError as exc:  # the package that ships it is missing: say what to install
+            problems.append(str(exc))
+            return ResolvedModel(source=BUILTIN_MODELS[model_id], path_or_id=model_id, served_names=names(model_id))
     if "://" in model_id:
         from lmi_server.model_source import ModelSourceError, parse_s3
 
@@ -246,6 +256,10 @@ def _builtin_model(name: str, served_names: list[str]) -> ResolvedModel:
         from lmi_server.demo.builder import default_cache_dir
 
         return ResolvedModel(source="demo", path_or_id=str(default_cache_dir()), served_names=served_names)
+    if BUILTIN_MODELS[name] == "embedding":  # served from the installed package's directory
+        from lmi_server.demo.embedding import model_dir
+
+        return ResolvedModel(source="embedding", path_or_id=str(model_dir()), served_names=served_names)
     from lmi_server.demo.assistant import default_dir
 
     return ResolvedModel(source="assistant", path_or_id=str(default_dir()), served_names=served_names)
@@ -358,13 +372,19 @@ def build_serving_config(
 
     engine_args.update(lmi.engine_args)
     defaults = apply_gpu_defaults(
-        engine_args, gpus=host.gpu_count(), model_path=model.path_or_id, builtin=model.source in ("demo", "assistant")
+        engine_args, gpus=host.gpu_count(), model_path=model.path_or_id, builtin=model.source in BUILTIN_SOURCES
+    )
+    kind = decide_kind(
+        engine_args,
+        model.path_or_id if model.source in ("local", "embedding") else None,
+        builtin=BUILTIN_KINDS.get(model.source),
     )
     engine_args["model"] = model.path_or_id
     engine_args["served_model_name"] = model.served_names
     return ServingConfig(
         model_dir=model_dir,
         model=model,
+        kind=kind,
         engine_args=engine_args,
         frontend_args=frontend_args,
         not_applicable=not_applicable,

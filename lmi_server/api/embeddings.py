@@ -1,0 +1,139 @@
+"""The embedding model's routes: OpenAI's POST /v1/embeddings and SageMaker's POST /invocations in
+LMI's embedding schema. Mounted only for a model of the embed kind (`api/kinds.py`).
+
+The work is vLLM's (`ServingEmbedding`, built by vLLM's `init_app_state` for a pooling model):
+tokenization, token limits and truncation, batching, normalization, `dimensions`, `encoding_format`.
+Here: the body read once (size limit), the request validated, an engine slot taken, vLLM's client
+errors turned into 4xx answers, and on /invocations LMI's envelope: `{"inputs": str | [str]}` in,
+a JSON list of vectors out (one per input, as LMI's vLLM handler answers), errors as LMI's flat
+`{"error": ..., "code": ...}`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
+
+from lmi_server.api.body import read_json_body
+from lmi_server.api.errors import APIError, from_serving_exception, validation_message
+from lmi_server.api.generation import admit, engine_state, served_name, until_disconnect
+
+router = APIRouter()
+
+
+class LMIEmbeddingParameters(BaseModel):
+    """What an LMI embedding request may ask beyond its texts (all optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, description="Keep only the last N tokens of each text (-1: the model's limit); default: refuse a text over the limit."
+    )
+    dimensions: int | None = Field(None, ge=1, description="Shorter vectors, for models trained for it (Matryoshka).")
+
+
+class LMIEmbeddingRequest(BaseModel):
+    """LMI's embedding request: `{"inputs": "text"}` or `{"inputs": ["text", ...]}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: StrictStr | list[StrictStr] = Field(..., description="One text or a non-empty list of texts.")
+    parameters: LMIEmbeddingParameters = Field(default_factory=LMIEmbeddingParameters)
+
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+def _openai_request_adapter() -> TypeAdapter:
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+
+    return TypeAdapter(EmbeddingRequest)
+
+
+def _embedding_request_type():
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
+
+    return EmbeddingCompletionRequest
+
+
+async def embed(request: Request, parsed: Any, *, lmi: bool) -> Response:
+    """Run one embedding request through vLLM's ServingEmbedding; its response as vLLM builds it."""
+    state = engine_state(request)
+    await admit(request, state, lmi=lmi, parsed=parsed)
+    try:
+        return await until_disconnect(state.serving.serving_embedding(parsed, request), request)
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - vLLM's serving layer raises its client errors
+        mapped = from_serving_exception(exc, lmi=lmi)
+        if mapped is None:
+            raise
+        raise mapped from None
+
+
+@router.post("/v1/embeddings")
+async def create_embeddings(request: Request):
+    body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
+    engine_state(request)  # 503 first: nothing can run before the engine is ready
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    try:
+        parsed = _openai_request_adapter().validate_python(body)
+    except ValidationError as exc:
+        raise APIError(422, validation_message(exc.errors())) from None
+    except Exception as exc:  # noqa: BLE001 - vLLM's validators raise their own client errors
+        raise APIError(400, str(exc)) from None
+    return await embed(request, parsed, lmi=False)
+
+
+def lmi_embedding_request(body: Any, model: str | None) -> Any:
+    """LMI's body -> vLLM's embedding request, or a 400 that says what /invocations takes here."""
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object: {\"inputs\": \"text\" | [\"text\", ...]}", lmi=True)
+    if "inputs" not in body:
+        what = "a chat request" if "messages" in body else "a completion request" if "prompt" in body else "this body"
+        raise APIError(
+            400,
+            f"this model embeds text; it does not generate, so {what} cannot be served: send "
+            "{\"inputs\": \"text\" | [\"text\", ...]} (or OpenAI's POST /v1/embeddings)",
+            lmi=True,
+        )
+    try:
+        lmi_req = LMIEmbeddingRequest.model_validate(body)
+    except ValidationError as exc:
+        raise APIError(
+            400, f"invalid embedding request: {validation_message(exc.errors())}; send {{\"inputs\": \"text\" | [\"text\", ...]}}",
+            lmi=True,
+        ) from None
+    texts = lmi_req.texts()
+    if not texts:
+        raise APIError(400, "inputs is an empty list: send at least one text", lmi=True)
+    params = lmi_req.parameters.model_dump(exclude_none=True)
+    return _embedding_request_type()(input=texts, model=model, **params)
+
+
+def vectors(response: Response) -> list[Any]:
+    """vLLM's OpenAI embedding response -> LMI's answer: the vectors, in input order."""
+    data = json.loads(bytes(response.body))
+    return [item["embedding"] for item in sorted(data["data"], key=lambda item: item["index"])]
+
+
+@router.post("/invocations")
+async def invocations(request: Request):
+    try:
+        body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
+        state = engine_state(request)
+        if isinstance(body, dict) and "input" in body and "inputs" not in body:
+            parsed = _openai_request_adapter().validate_python(body)  # OpenAI's body, as vLLM's SageMaker route takes it
+            return await embed(request, parsed, lmi=True)
+        parsed = lmi_embedding_request(body, served_name(state))
+        return JSONResponse(vectors(await embed(request, parsed, lmi=True)))
+    except APIError as exc:
+        exc.lmi = True
+        raise
+    except ValidationError as exc:
+        raise APIError(400, f"invalid embedding request: {validation_message(exc.errors())}", lmi=True) from None

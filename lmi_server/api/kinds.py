@@ -1,0 +1,81 @@
+"""Each model kind's routes, chosen once when the app is built from the kind the configuration
+decided (`config/model_kind.py`). A route of another kind answers 400 saying what this model does
+and where to send the request instead, never a 404 or a 500, and no route asks for the kind again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fastapi import APIRouter, FastAPI, Request
+
+from lmi_server.api import embeddings
+from lmi_server.api import openai as openai_routes
+from lmi_server.api import sagemaker
+from lmi_server.api.errors import APIError
+from lmi_server.config.model_kind import ModelKind
+
+INVOCATIONS = "/invocations"
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+EMBEDDING_PATHS = ("/v1/embeddings",)
+
+# What a client of the wrong kind is told to use instead.
+INSTEAD = {
+    "generate": "POST /v1/chat/completions, /v1/completions or /invocations with {\"inputs\": ..., \"parameters\": {...}}",
+    "embed": "POST /v1/embeddings, or /invocations with {\"inputs\": \"text\" | [\"text\", ...]}",
+    "classify": "nothing here yet: this server serves generating and embedding models",
+}
+DOES = {"generate": "generates text", "embed": "embeds text", "classify": "classifies text"}
+NEEDS = {
+    "generate": "a generating model",
+    "embed": "an embedding model (option.task=text-embedding)",
+    "classify": "a classification model",
+}
+
+
+def select(router: APIRouter, *, only: Iterable[str] | None = None, without: Iterable[str] = ()) -> APIRouter:
+    """A router holding some of `router`'s routes (by path)."""
+    only, without = (set(only) if only is not None else None), set(without)
+    picked = APIRouter()
+    picked.routes.extend(
+        r for r in router.routes if (only is None or getattr(r, "path", None) in only) and getattr(r, "path", None) not in without
+    )
+    return picked
+
+
+def refusals(kind: ModelKind, paths: Iterable[str], route_kind: str) -> APIRouter:
+    """POST routes that answer 400: this model is of `kind`, the path serves `route_kind`."""
+    router = APIRouter()
+    message = (
+        f"this model {DOES[kind.name]} ({kind.reason}); {{path}} needs {NEEDS[route_kind]}. "
+        f"This model serves: {INSTEAD[kind.name]}"
+    )
+
+    for path in paths:
+        lmi = path == INVOCATIONS
+
+        async def refuse(request: Request, _path: str = path, _lmi: bool = lmi):
+            raise APIError(400, message.format(path=_path), lmi=_lmi)
+
+        router.add_api_route(path, refuse, methods=["POST"], include_in_schema=False)
+    return router
+
+
+def kind_routers(kind: ModelKind) -> list[APIRouter]:
+    """The routers of `kind`, with refusals for the other kinds' paths."""
+    health = select(sagemaker.router, without=[INVOCATIONS])  # /ping, /health, /live: every kind
+    models = select(openai_routes.router, only=["/v1/models"])
+    if kind.name == "generate":
+        return [sagemaker.router, openai_routes.router, refusals(kind, EMBEDDING_PATHS, "embed")]
+    if kind.name == "embed":
+        return [health, embeddings.router, models, refusals(kind, GENERATION_PATHS, "generate")]
+    return [
+        health, models,
+        refusals(kind, GENERATION_PATHS + (INVOCATIONS,), "generate"),
+        refusals(kind, EMBEDDING_PATHS, "embed"),
+    ]
+
+
+def install(app: FastAPI, kind: ModelKind) -> None:
+    for router in kind_routers(kind):
+        app.include_router(router)
