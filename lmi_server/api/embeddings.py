@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, Valid
 
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, from_serving_exception, validation_message
-from lmi_server.api.generation import admit, engine_state, served_name, until_disconnect
+from lmi_server.api.generation import admit, engine_state, until_disconnect
 
 router = APIRouter()
 
@@ -124,13 +124,14 @@ def vectors(response: Response) -> list[Any]:
 
 @router.post("/invocations")
 async def invocations(request: Request):
+    """LMI's `{"inputs": ...}` -> a list of vectors; OpenAI's `{"input": ...}` (as vLLM's own
+    SageMaker route takes it) -> OpenAI's embedding response."""
     try:
         body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
-        state = engine_state(request)
         if isinstance(body, dict) and "input" in body and "inputs" not in body:
-            parsed = _openai_request_adapter().validate_python(body)  # OpenAI's body, as vLLM's SageMaker route takes it
+            parsed = _openai_request_adapter().validate_python(body)
             return await embed(request, parsed, lmi=True)
-        parsed = lmi_embedding_request(body, served_name(state))
+        parsed = lmi_embedding_request(body, None)  # no model: vLLM answers with the served name
         return JSONResponse(vectors(await embed(request, parsed, lmi=True)))
     except APIError as exc:
         exc.lmi = True

@@ -55,7 +55,7 @@ def refusals(kind: ModelKind, paths: Iterable[str], route_kind: str) -> APIRoute
         lmi = path == INVOCATIONS
 
         async def refuse(request: Request, _path: str = path, _lmi: bool = lmi):
-            raise APIError(400, message.format(path=_path), lmi=_lmi)
+            raise APIError(400, message.replace("{path}", _path), lmi=_lmi)
 
         router.add_api_route(path, refuse, methods=["POST"], include_in_schema=False)
     return router
