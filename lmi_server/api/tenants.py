@@ -119,10 +119,13 @@ def _text_chars(value: Any) -> int:
 
 def estimate_tokens(parsed: Any) -> int:
     """Tokens a request may use, known before it runs: its prompt at ~4 characters a token, plus
-    the most it may generate (max_tokens / max_completion_tokens; vLLM's default 16 when unset)."""
+    the most it may generate (max_tokens / max_completion_tokens; vLLM's default 16 when unset).
+    An embedding request (`input`) generates nothing: its texts only."""
     prompt = getattr(parsed, "prompt", None)
     if prompt is None:
         prompt = getattr(parsed, "messages", None)
+    if prompt is None and getattr(parsed, "input", None) is not None:
+        return int(math.ceil(_text_chars(parsed.input) / 4))
     prompt_tokens = math.ceil(_text_chars(prompt) / 4)
     out = getattr(parsed, "max_completion_tokens", None) or getattr(parsed, "max_tokens", None) or 16
     n = getattr(parsed, "n", None) or 1

