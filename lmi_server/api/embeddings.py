@@ -1,5 +1,6 @@
-"""The embedding model's routes: OpenAI's POST /v1/embeddings and SageMaker's POST /invocations in
-LMI's embedding schema. Mounted only for a model of the embed kind (`api/kinds.py`).
+"""The embedding model's routes: OpenAI's POST /v1/embeddings, SageMaker's POST /invocations in
+LMI's embedding schema, and vLLM's /score and /rerank (cosine similarity of the embeddings).
+Mounted only for a model of the embed kind (`api/kinds.py`).
 
 The work is vLLM's (`ServingEmbedding`, built by vLLM's `init_app_state` for a pooling model):
 tokenization, token limits and truncation, batching, normalization, `dimensions`, `encoding_format`.
@@ -60,12 +61,13 @@ def _embedding_request_type():
     return EmbeddingCompletionRequest
 
 
-async def embed(request: Request, parsed: Any, *, lmi: bool) -> Response:
-    """Run one embedding request through vLLM's ServingEmbedding; its response as vLLM builds it."""
+async def embed(request: Request, parsed: Any, *, lmi: bool, serving: str = "serving_embedding") -> Response:
+    """Run one request through one of vLLM's pooling serving objects (ServingEmbedding unless told:
+    ServingScores for /score and /rerank); its response as vLLM builds it."""
     state = engine_state(request)
     await admit(request, state, lmi=lmi, parsed=parsed)
     try:
-        return await until_disconnect(state.serving.serving_embedding(parsed, request), request)
+        return await until_disconnect(getattr(state.serving, serving)(parsed, request), request)
     except APIError:
         raise
     except Exception as exc:  # noqa: BLE001 - vLLM's serving layer raises its client errors
@@ -75,19 +77,49 @@ async def embed(request: Request, parsed: Any, *, lmi: bool) -> Response:
         raise mapped from None
 
 
-@router.post("/v1/embeddings")
-async def create_embeddings(request: Request):
+async def _read_openai_body(request: Request, adapter: TypeAdapter) -> Any:
     body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
     engine_state(request)  # 503 first: nothing can run before the engine is ready
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
     try:
-        parsed = _openai_request_adapter().validate_python(body)
+        return adapter.validate_python(body)
     except ValidationError as exc:
         raise APIError(422, validation_message(exc.errors())) from None
     except Exception as exc:  # noqa: BLE001 - vLLM's validators raise their own client errors
         raise APIError(400, str(exc)) from None
-    return await embed(request, parsed, lmi=False)
+
+
+@router.post("/v1/embeddings")
+async def create_embeddings(request: Request):
+    return await embed(request, await _read_openai_body(request, _openai_request_adapter()), lmi=False)
+
+
+def _score_adapter() -> TypeAdapter:
+    from vllm.entrypoints.pooling.scoring.protocol import ScoreRequest
+
+    return TypeAdapter(ScoreRequest)
+
+
+def _rerank_adapter() -> TypeAdapter:
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
+
+    return TypeAdapter(RerankRequest)
+
+
+@router.post("/score")
+@router.post("/v1/score")
+async def score(request: Request):
+    """vLLM's score API: for an embedding model, the cosine similarity of each pair's embeddings."""
+    return await embed(request, await _read_openai_body(request, _score_adapter()), lmi=False, serving="serving_scores")
+
+
+@router.post("/rerank")
+@router.post("/v1/rerank")
+@router.post("/v2/rerank")
+async def rerank(request: Request):
+    """vLLM's (Jina/Cohere-style) rerank API: documents ordered by similarity to the query."""
+    return await embed(request, await _read_openai_body(request, _rerank_adapter()), lmi=False, serving="serving_scores")
 
 
 def lmi_embedding_request(body: Any, model: str | None) -> Any:

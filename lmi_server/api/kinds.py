@@ -17,12 +17,12 @@ from lmi_server.config.model_kind import ModelKind
 
 INVOCATIONS = "/invocations"
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
-EMBEDDING_PATHS = ("/v1/embeddings",)
+EMBEDDING_PATHS = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
 
 # What a client of the wrong kind is told to use instead.
 INSTEAD = {
     "generate": "POST /v1/chat/completions, /v1/completions or /invocations with {\"inputs\": ..., \"parameters\": {...}}",
-    "embed": "POST /v1/embeddings, or /invocations with {\"inputs\": \"text\" | [\"text\", ...]}",
+    "embed": "POST /v1/embeddings, /score, /rerank, or /invocations with {\"inputs\": \"text\" | [\"text\", ...]}",
     "classify": "nothing here yet: this server serves generating and embedding models",
 }
 DOES = {"generate": "generates text", "embed": "embeds text", "classify": "classifies text"}

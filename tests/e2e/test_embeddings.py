@@ -153,3 +153,16 @@ def test_normalize_false_gives_the_unnormalized_vectors(tmp_path_factory, refere
     for vectors in (got, via_openai):
         assert cosines(vectors, raw_reference).min() >= 0.999
         assert np.allclose(np.linalg.norm(vectors, axis=1), np.linalg.norm(raw_reference, axis=1), rtol=1e-3)
+
+
+def test_score_and_rerank_are_the_cosine_of_the_reference_vectors(server, reference):
+    query, docs = TEXTS[0], [TEXTS[1], TEXTS[3], TEXTS[4]]
+    vectors = reference([query, *docs])
+    expected = cosines(np.repeat(vectors[:1], len(docs), axis=0), vectors[1:])
+    scored = httpx.post(server.base_url + "/score", json={"model": SERVED_NAME, "text_1": query, "text_2": docs}, timeout=60)
+    assert scored.status_code == 200, scored.text
+    got = [d["score"] for d in sorted(scored.json()["data"], key=lambda d: d["index"])]
+    assert np.allclose(got, expected, atol=1e-3)
+    reranked = httpx.post(server.base_url + "/rerank", json={"model": SERVED_NAME, "query": query, "documents": docs}, timeout=60)
+    assert reranked.status_code == 200, reranked.text
+    assert [r["index"] for r in reranked.json()["results"]] == list(np.argsort(-expected))

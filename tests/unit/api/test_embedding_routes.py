@@ -73,11 +73,27 @@ def test_generation_bodies_on_embedding_invocations_are_lmi_400s(tmp_path, body,
     assert r.json()["code"] == 400 and "embeds text" in r.json()["error"] and what in r.json()["error"]
 
 
-def test_embedding_route_on_a_generating_model_says_it_generates(tmp_path):
-    r = post(app_of({}, tmp_path), "/v1/embeddings", {"model": "m", "input": "hi"})
+@pytest.mark.parametrize("path,body", [
+    ("/v1/embeddings", {"model": "m", "input": "hi"}),
+    ("/score", {"model": "m", "text_1": "a", "text_2": "b"}),
+    ("/rerank", {"model": "m", "query": "a", "documents": ["b"]}),
+])
+def test_embedding_routes_on_a_generating_model_say_it_generates(tmp_path, path, body):
+    r = post(app_of({}, tmp_path), path, body)
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert "this model generates text" in message and "option.task=text-embedding" in message
+
+
+def test_score_and_rerank_go_to_vllms_scoring(tmp_path):
+    scores = FakeEmbedding()
+    app = app_of(EMBED, tmp_path, FakeEmbedding())
+    app.state.engine_owner.state.serving.serving_scores = scores
+    for path, body in [("/score", {"text_1": "a", "text_2": ["b", "c"]}), ("/v1/rerank", {"query": "a", "documents": ["b"]})]:
+        scores.error = ValueError("bad pair")
+        r = post(app, path, body)
+        assert r.status_code == 400 and r.json()["error"]["message"] == "bad pair"
+    assert [type(r).__name__ for r in scores.requests] == ["ScoreTextRequest", "RerankRequest"]
 
 
 def test_lmi_invocations_answer_a_list_of_vectors_in_input_order(tmp_path):
