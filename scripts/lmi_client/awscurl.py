@@ -57,7 +57,11 @@ def _failed(response: httpx.Response) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except SystemExit:
+        print("awscurl stand-in: the command line could not be read: " + " ".join(argv)[:200])
+        return 2
     if args.help or not args.url:
         print("awscurl stand-in: -c C -N N -X POST URL -H 'k: v' (-d JSON | --dataset DIR)")
         return 0
