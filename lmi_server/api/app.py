@@ -17,6 +17,7 @@ from lmi_server.api.openapi import install_openapi
 from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
 from lmi_server.api.errors import install_error_handlers
 from lmi_server.api.sessions import SessionHook, SessionStore
+from lmi_server.api.sessions_redis import build_session_store
 from lmi_server.api.tenants import Tenants
 from lmi_server.adapters.formatters import FormatterError, load_model_formatters
 from lmi_server.api.custom_handler import handler_properties
@@ -48,7 +49,10 @@ async def _sweep_sessions(store: SessionStore, interval_s: int) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await asyncio.to_thread(store.sweep)
+            if asyncio.iscoroutinefunction(store.sweep):
+                await store.sweep()  # the shared store (Redis) sweeps over the network
+            else:
+                await asyncio.to_thread(store.sweep)
         except Exception:  # noqa: BLE001 - the next sweep tries again
             log.exception("sessions: sweep failed")
 
@@ -97,13 +101,18 @@ def create_app(
                 log.info("removed the blend store of a server that is gone: %s", path)
         if start_engine:
             owner.start_background()
-        sweeper = asyncio.create_task(_sweep_sessions(app.state.session_hook.store, cfg.sessions.sessions_sweep_interval))
+        session_store = app.state.session_hook.store
+        if hasattr(session_store, "startup_check"):
+            await session_store.startup_check()
+        sweeper = asyncio.create_task(_sweep_sessions(session_store, cfg.sessions.sessions_sweep_interval))
         watchdog = asyncio.create_task(engine_watchdog(app))
         try:
             yield
         finally:
             sweeper.cancel()
             watchdog.cancel()
+            if hasattr(session_store, "aclose"):
+                await session_store.aclose()
             log.info("shutting down: stopping the engine")
             await owner.stop()
             unregister_collector(collector)
@@ -137,7 +146,7 @@ def create_app(
     app.state.handler_properties = handler_properties(cfg)  # what a custom handle() gets as properties
     app.state.session_hook = SessionHook(
         cfg.sessions.enable_stateful_sessions,
-        SessionStore(cfg.sessions.sessions_expiration, cfg.sessions.sessions_path, max_sessions=cfg.sessions.max_sessions),
+        build_session_store(cfg.sessions),  # this replica's own, or shared in Redis (option.sessions_redis_url)
     )
     install_error_handlers(app)
     app.add_middleware(APIKeyMiddleware, keys=api_keys, metrics_public=cfg.security.metrics_public)

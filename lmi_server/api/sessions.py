@@ -3,7 +3,9 @@
 `{"requestType": "NEW_SESSION"}` opens a session (header `X-Amzn-SageMaker-New-Session-Id:
 <id>; Expires=<UTC>`), later requests carry `X-Amzn-SageMaker-Session-Id`, and
 `{"requestType": "CLOSE"}` ends it (`X-Amzn-SageMaker-Closed-Session-Id`). Ids are 256 random
-bits. With `option.sessions_path` each session is a small file, so sessions survive a restart.
+bits. With `option.sessions_path` each session is a small file, so sessions survive a restart;
+with `option.sessions_redis_url` they live in a Redis shared by every replica instead
+(`sessions_redis.py`), so they survive the loss of the replica that opened them.
 
 Bounds: at most `option.max_sessions` live sessions (429 when full); expired sessions are swept
 from memory and disk on access, before each creation when full, and every
@@ -21,6 +23,7 @@ then reads "unknown"), and keeps sessions in /dev/shm by default; the store belo
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import logging
 import re
@@ -184,12 +187,17 @@ def validate_session_request(body: dict[str, Any]) -> None:
         ) from None
 
 
+async def _done(result):
+    """A store method's result: the per-replica store answers at once, the shared one is awaited."""
+    return await result if inspect.isawaitable(result) else result
+
+
 class SessionHook:
     """Called by /invocations before schema detection; returns a response, extra headers or None."""
 
-    def __init__(self, enabled: bool, store: SessionStore):
+    def __init__(self, enabled: bool, store: Any):
         self.enabled = enabled
-        self.store = store
+        self.store = store  # SessionStore, or sessions_redis.RedisSessionStore (coroutines)
 
     async def __call__(self, request: Request, body: Any) -> JSONResponse | dict[str, str] | None:
         request_type = body.get("requestType") if isinstance(body, dict) else None
@@ -203,7 +211,7 @@ class SessionHook:
                 raise APIError(400, f"requestType {request_type!r} is not one of NEW_SESSION, CLOSE")
             validate_session_request(body)
         if request_type == "NEW_SESSION":
-            session = self.store.create()
+            session = await _done(self.store.create())
             announced = f"{session.id}; Expires={utc(session.expires_at)}"
             # SageMaker reads X-Amzn-SageMaker-New-Session-Id; LMI's handler and its clients read
             # X-Amzn-SageMaker-Session-Id: both are sent.
@@ -214,13 +222,13 @@ class SessionHook:
         if request_type == "CLOSE":
             if not session_id:
                 raise APIError(400, f"CLOSE needs the {SESSION_HEADER} header naming the session")
-            session = self.store.close(session_id)
+            session = await _done(self.store.close(session_id))
             return JSONResponse(
                 {"result": f"Session {session.id} closed", "closed_session_id": session.id},
                 headers={CLOSED_SESSION_HEADER: session.id},
             )
         try:
-            self.store.check(session_id)
+            await _done(self.store.check(session_id))
         except SessionExpired as exc:
             log.info("sessions: %s; served without it, as LMI does", exc.message)
             return None

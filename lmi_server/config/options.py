@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 
 class ServerOptions(BaseModel):
@@ -220,6 +221,42 @@ class SessionOptions(BaseModel):
     sessions_sweep_interval: int = Field(
         60, gt=0, description="Seconds between sweeps that remove expired sessions from memory and disk."
     )
+    sessions_redis_url: str | None = Field(
+        None,
+        description="Keep sessions in this Redis/Valkey (`redis://host:6379[/db]`, `rediss://` for TLS, "
+        "`valkey://`), shared by every replica, so a session outlives the replica that opened it; Redis "
+        "expires them itself. Credentials: the URL's `user:password@`, else LMCACHE_RESP_USERNAME / "
+        "LMCACHE_RESP_PASSWORD (the shared KV tier's). Redis down: session requests get 503. Default: "
+        "each replica keeps its own (memory, or option.sessions_path).",
+    )
+
+    @field_validator("sessions_redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        parts = urlsplit(value)
+        if parts.scheme not in ("redis", "rediss", "valkey", "valkeys"):
+            raise ValueError(
+                f"scheme {parts.scheme or '(none)'!r} is not supported (example: redis://sessions.internal:6379/0, "
+                "or rediss:// for TLS)"
+            )
+        try:
+            parts.port
+        except ValueError:
+            raise ValueError("the port is not a number (example: redis://sessions.internal:6379/0)") from None
+        if not parts.hostname:
+            raise ValueError("the URL names no host (example: redis://sessions.internal:6379/0)")
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise ValueError(f"the path must be a database number, got {db!r} (example: redis://sessions.internal:6379/0)")
+        if info.data.get("sessions_path") is not None:
+            raise ValueError(
+                "choose one place for sessions: option.sessions_path (this replica's disk) or "
+                "option.sessions_redis_url (shared by every replica)"
+            )
+        return value
 
 
 class SecurityOptions(BaseModel):

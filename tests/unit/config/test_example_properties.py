@@ -29,6 +29,7 @@ def test_commented_lines_validate_too(tmp_path):
             lines.append(m.group(1))
     props = parse_properties("\n".join(lines))
     props.pop("option.lmcache_auto_config")  # the two LMCache switches exclude each other
+    props.pop("option.sessions_path")  # sessions live in one place: this replica's disk or a shared Redis
     props["option.model_id"] = str(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     cfg = build_serving_config(props, tmp_path)
