@@ -12,6 +12,7 @@ a JSON list of vectors out (one per input, as LMI's vLLM handler answers), error
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -49,6 +50,7 @@ class LMIEmbeddingRequest(BaseModel):
         return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
 
 
+@functools.cache  # built once (about 2 ms each): not per request
 def _openai_request_adapter() -> TypeAdapter:
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
 
@@ -95,12 +97,14 @@ async def create_embeddings(request: Request):
     return await embed(request, await _read_openai_body(request, _openai_request_adapter()), lmi=False)
 
 
+@functools.cache
 def _score_adapter() -> TypeAdapter:
     from vllm.entrypoints.pooling.scoring.protocol import ScoreRequest
 
     return TypeAdapter(ScoreRequest)
 
 
+@functools.cache
 def _rerank_adapter() -> TypeAdapter:
     from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
 
