@@ -280,6 +280,7 @@ def test_a_misspelt_field_passed_through_values_is_refused_after_rendering():
         ({"apiKeys": {"keys": ["short"]}}, "at '/apiKeys/keys/0'"),
         ({"autoscaling": {"kind": "vpa"}}, "at '/autoscaling/kind': value must be one of"),
         ({"server": {"gpu": {"count": -1}}}, "at '/server/gpu/count'"),
+        ({"sharedCache": {"sessions": "yes"}}, "at '/sharedCache/sessions': got string, want boolean"),
     ],
 )
 def test_values_schema_refuses_bad_values_with_a_message(values, message):
@@ -365,6 +366,31 @@ def test_secrets_stay_out_of_configmaps():
     assert server_container(objs)["envFrom"] == [{"secretRef": {"name": "aws-credentials"}}]
     secret = one(objs, "Secret")
     assert "name=alice key=alice-key-0123456789 weight=2" in secret["stringData"]["api-keys"]
+
+
+def test_sessions_live_in_the_shared_tier_so_they_outlive_their_replica(tmp_path):
+    """option.sessions_redis_url is the shared tier's URL (through the TLS sidecar for rediss://),
+    never with credentials: the server reads them from the tier's Secret-backed environment."""
+    from lmi_server.config.schema import build_serving_config
+
+    urls = {case: properties(rendered(case)).get("option.sessions_redis_url") for case in CASES}
+    assert urls == {
+        "default": "redis://lmi-lmi-server-valkey:6379",
+        "cpu": "redis://lmi-lmi-server-valkey:6379",
+        "gpu-hub-keda": "redis://lmi-lmi-server-valkey:6379",
+        "pvc-hpa-external": "redis://cache.internal.example:6379",
+        "s3-tls": "redis://127.0.0.1:6380",
+        "single-no-router": None,  # no shared tier: each replica keeps its own
+    }, urls
+    for case in ("pvc-hpa-external", "s3-tls"):
+        env = {e["name"] for e in server_container(rendered(case))["env"]}
+        assert "LMCACHE_RESP_PASSWORD" in env  # the session store's credentials too
+    props = properties(rendered("default"))
+    assert build_serving_config(props, tmp_path).sessions.sessions_redis_url == urls["default"]
+    off = properties(render_values({"sharedCache": {"sessions": False}}))
+    assert "option.sessions_redis_url" not in off
+    own = properties(render_values({"servingProperties": {"option.sessions_path": "/opt/ml/sessions"}}))
+    assert "option.sessions_redis_url" not in own and own["option.sessions_path"] == "/opt/ml/sessions"
 
 
 def test_rediss_goes_through_a_tls_sidecar_and_lmcache_talks_to_it_locally():
