@@ -50,9 +50,14 @@ def is_secret_key(key: str) -> bool:
     return bool(SECRET_KEY_RE.search(key))
 
 
+_URL_USERINFO = _PATTERNS[0]
+
+
 def mask_value(key: str, value: object) -> object:
-    """The value, or `***` when the key names a secret."""
-    return MASK if value not in (None, "") and is_secret_key(key) else value
+    """The value, or `***` when the key names a secret; a URL's password is masked in any value."""
+    if value not in (None, "") and is_secret_key(key):
+        return MASK
+    return _URL_USERINFO[0].sub(_URL_USERINFO[1], value) if isinstance(value, str) else value
 
 
 def redact(text: str) -> str:

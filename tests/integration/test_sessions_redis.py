@@ -241,3 +241,9 @@ def test_one_place_for_sessions(tmp_path):
     store = build_session_store(shared)
     assert isinstance(store, RedisSessionStore) and store.where == "rediss://cache:6380/2"
     assert store.grace_s == shared.sessions_sweep_interval and store.max_sessions == shared.max_sessions
+
+
+def test_a_refused_url_does_not_echo_its_password(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        build_serving_config({"option.sessions_redis_url": "http://:hunter2-sessions@cache:6379"}, tmp_path)
+    assert "hunter2-sessions" not in str(err.value) and "http://:***@cache:6379" in str(err.value)
