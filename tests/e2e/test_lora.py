@@ -182,6 +182,15 @@ def test_precedence_header_then_body_then_model(lora):
     r = post(lora, "/invocations", {"model": "lmi-demo", "prompt": "def main():", "max_tokens": 12, "temperature": 0},
              headers={HEADER: "hello-printer"})
     assert r.json()["choices"][0]["text"].startswith(HELLO)
+    # LMI reads the body field `adapters` in any schema on /invocations
+    r = post(lora, "/invocations", {"prompt": "import os", "max_tokens": 12, "temperature": 0, "adapters": "shouter"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(SHOUT), r.text
+    r = post(lora, "/invocations", {"prompt": "def main():", "max_tokens": 12, "temperature": 0, "adapters": ["hello-printer"]})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(HELLO), r.text
+    chat = {"messages": [{"role": "user", "content": "def main():"}], "max_tokens": 12, "temperature": 0}
+    base = post(lora, "/invocations", chat).json()["choices"][0]["message"]["content"]
+    shouted = post(lora, "/invocations", {**chat, "adapters": "shouter"}).json()["choices"][0]["message"]["content"]
+    assert shouted != base and shouted == shouted.upper(), (base, shouted)
 
 
 def test_eviction_and_reload(lora):
