@@ -44,8 +44,11 @@ IOMP_NAMES = ("libiomp5.so",)
 ALLOCATOR_MARKS = ("libtcmalloc", "libjemalloc", "libmimalloc")
 OPENMP_MARKS = ("libiomp", "libomp", "libgomp")
 
-# What the preload is worth, measured on the assistant (benchmarks/results/cpu_preload.json).
-COST = "about 1.06x tokens/s at 1 client and 1.12x at 4 without it on the assistant (benchmarks/results/cpu_preload.json)"
+# What the preload is worth, measured on the assistant at 1 and 4 clients on a 2-core AVX2 host, two
+# runs side by side in either order: 1.009-1.028x and 1.006-1.056x tokens/s with it
+# (benchmarks/results/cpu_preload*.json); vLLM's worker warns of "significant performance loss"
+# without Intel OpenMP when speculating.
+COST = "1-6 % fewer tokens/s on the assistant as measured here (benchmarks/results/cpu_preload*.json)"
 
 
 def standard_dirs(machine: str | None = None) -> list[Path]:
