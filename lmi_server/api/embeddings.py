@@ -152,6 +152,29 @@ def lmi_embedding_request(body: Any, model: str | None) -> Any:
     return _embedding_request_type()(input=texts, model=model, **params)
 
 
+def request_bodies(components: dict[str, Any]) -> dict[str, Any]:
+    """The bodies these routes read themselves, for /openapi.json (`api/openapi.py`): schemas added
+    to `components`, path -> schema."""
+    ref = "#/components/schemas/{model}"
+
+    def schema(adapter: TypeAdapter, name: str) -> dict[str, Any]:
+        doc = adapter.json_schema(ref_template=ref)
+        components.update(doc.pop("$defs", {}))
+        components[name] = doc
+        return {"$ref": ref.format(model=name)}
+
+    openai = schema(_openai_request_adapter(), "EmbeddingRequest")
+    score_body = schema(_score_adapter(), "ScoreRequest")
+    rerank_body = schema(_rerank_adapter(), "RerankRequest")
+    lmi = schema(TypeAdapter(LMIEmbeddingRequest), "LMIEmbeddingRequest")
+    return {
+        "/v1/embeddings": openai,
+        "/invocations": {"anyOf": [lmi, openai]},
+        **{path: score_body for path in ("/score", "/v1/score")},
+        **{path: rerank_body for path in ("/rerank", "/v1/rerank", "/v2/rerank")},
+    }
+
+
 def vectors(response: Response) -> list[Any]:
     """vLLM's OpenAI embedding response -> LMI's answer: the vectors, in input order."""
     data = json.loads(bytes(response.body))

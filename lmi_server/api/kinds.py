@@ -1,11 +1,15 @@
 """Each model kind's routes, chosen once when the app is built from the kind the configuration
 decided (`config/model_kind.py`). A route of another kind answers 400 saying what this model does
 and where to send the request instead, never a 404 or a 500, and no route asks for the kind again.
+A new kind is one entry of `KINDS`: its routers (with refusals of the others' paths) and the
+request bodies its routes read themselves, for /openapi.json.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
@@ -61,21 +65,47 @@ def refusals(kind: ModelKind, paths: Iterable[str], route_kind: str) -> APIRoute
     return router
 
 
-def kind_routers(kind: ModelKind) -> list[APIRouter]:
-    """The routers of `kind`, with refusals for the other kinds' paths."""
-    health = select(sagemaker.router, without=[INVOCATIONS])  # /ping, /health, /live: every kind
-    models = select(openai_routes.router, only=["/v1/models"])
-    if kind.name == "generate":
-        return [sagemaker.router, openai_routes.router, refusals(kind, EMBEDDING_PATHS, "embed")]
-    if kind.name == "embed":
-        return [health, embeddings.router, models, refusals(kind, GENERATION_PATHS, "generate")]
+def _generate(kind: ModelKind) -> list[APIRouter]:
+    return [sagemaker.router, openai_routes.router, refusals(kind, EMBEDDING_PATHS, "embed")]
+
+
+def _embed(kind: ModelKind) -> list[APIRouter]:
+    return [_health(), embeddings.router, _models(), refusals(kind, GENERATION_PATHS, "generate")]
+
+
+def _classify(kind: ModelKind) -> list[APIRouter]:
     return [
-        health, models,
+        _health(), _models(),
         refusals(kind, GENERATION_PATHS + (INVOCATIONS,), "generate"),
         refusals(kind, EMBEDDING_PATHS, "embed"),
     ]
 
 
+def _health() -> APIRouter:
+    return select(sagemaker.router, without=[INVOCATIONS])  # /ping, /health, /live: every kind
+
+
+def _models() -> APIRouter:
+    return select(openai_routes.router, only=["/v1/models"])
+
+
+@dataclass(frozen=True)
+class KindRoutes:
+    routers: Callable[[ModelKind], list[APIRouter]]
+    """The kind's routers, with refusals for the other kinds' paths."""
+    request_bodies: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """Bodies its routes read themselves, for /openapi.json (beyond the generation ones)."""
+
+
+KINDS: dict[str, KindRoutes] = {
+    "generate": KindRoutes(_generate),
+    "embed": KindRoutes(_embed, embeddings.request_bodies),
+    "classify": KindRoutes(_classify),
+}
+
+
 def install(app: FastAPI, kind: ModelKind) -> None:
-    for router in kind_routers(kind):
+    routes = KINDS[kind.name]
+    for router in routes.routers(kind):
         app.include_router(router)
+    app.state.request_bodies = routes.request_bodies

@@ -59,6 +59,9 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         "/adapters/{name}/update": adapter_update,
         "/models/{model}/adapters/{name}/update": adapter_update,
     }
+    kind_bodies = getattr(app.state, "request_bodies", None)  # the model kind's own routes (api/kinds.py)
+    if kind_bodies is not None:
+        bodies.update(kind_bodies(components))
     for path, schema in bodies.items():
         post = doc.get("paths", {}).get(path, {}).get("post")
         if post is not None:

@@ -160,3 +160,30 @@ def test_an_embedding_request_counts_its_texts_and_no_generated_tokens_against_r
 
     assert estimate_tokens(EmbeddingCompletionRequest(input=["a" * 400, "b" * 400])) == 200
     assert estimate_tokens(EmbeddingCompletionRequest(input="a" * 40)) == 10
+
+
+def test_openapi_shows_the_bodies_of_the_kinds_routes(tmp_path):
+    def body(doc, path):
+        return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+    embed_doc = app_of(EMBED, tmp_path).openapi()
+    assert body(embed_doc, "/v1/embeddings") == {"$ref": "#/components/schemas/EmbeddingRequest"}
+    assert {"$ref": "#/components/schemas/LMIEmbeddingRequest"} in body(embed_doc, "/invocations")["anyOf"]
+    assert body(embed_doc, "/score") == {"$ref": "#/components/schemas/ScoreRequest"}
+    assert "inputs" in embed_doc["components"]["schemas"]["LMIEmbeddingRequest"]["properties"]
+    assert "/v1/chat/completions" not in embed_doc["paths"]  # refusals are not documented as routes
+    generate_doc = app_of({}, tmp_path).openapi()
+    assert {"$ref": "#/components/schemas/LMIRequest"} in body(generate_doc, "/invocations")["anyOf"]
+    assert "/v1/embeddings" not in generate_doc["paths"]
+
+
+def test_a_classification_model_refuses_generation_and_embedding_alike(tmp_path):
+    directory = tmp_path / "classifier"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"]}))
+    app = app_of({"option.model_id": str(directory)}, tmp_path)
+    for path, body in [("/invocations", {"inputs": "x"}), ("/v1/embeddings", {"input": "x"}), ("/v1/completions", {"prompt": "x"})]:
+        r = post(app, path, body)
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert "this model classifies text" in (error if path == "/invocations" else error["message"])
