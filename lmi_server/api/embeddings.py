@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
 
 from lmi_server.api.body import read_json_body
-from lmi_server.api.errors import APIError, from_serving_exception, validation_message
+from lmi_server.api.errors import APIError, from_serving_exception, validated, validation_message
 from lmi_server.api.generation import admit, engine_state, until_disconnect
 
 router = APIRouter()
@@ -84,12 +84,7 @@ async def _read_openai_body(request: Request, adapter: TypeAdapter) -> Any:
     engine_state(request)  # 503 first: nothing can run before the engine is ready
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
-    try:
-        return adapter.validate_python(body)
-    except ValidationError as exc:
-        raise APIError(422, validation_message(exc.errors())) from None
-    except Exception as exc:  # noqa: BLE001 - vLLM's validators raise their own client errors
-        raise APIError(400, str(exc)) from None
+    return validated(adapter.validate_python, body, other_status=400)
 
 
 @router.post("/v1/embeddings")

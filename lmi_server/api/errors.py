@@ -74,6 +74,19 @@ def validation_message(errors: list[dict[str, Any]], limit: int = 5) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+def validated(validate: Any, body: Any, *, other_status: int = 422) -> Any:
+    """`validate(body)` with pydantic's errors as a 422 that lists them; vLLM's validators raise
+    their own client errors, which become `other_status`."""
+    from pydantic import ValidationError
+
+    try:
+        return validate(body)
+    except ValidationError as exc:
+        raise APIError(422, validation_message(exc.errors())) from None
+    except Exception as exc:  # noqa: BLE001 - vLLM's own request validators
+        raise APIError(other_status, str(exc)) from None
+
+
 def prompt_too_long(message: str, param: str | None = None) -> bool:
     text = message.lower()
     return param in ("input_tokens", "prompt") or "context length" in text or "maximum context" in text or "too long" in text

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from lmi_server.api.body import read_json_body
-from lmi_server.api.errors import APIError, validation_message
+from lmi_server.api.errors import APIError, validated
 from lmi_server.api.generation import admit, as_response, call_serving, engine_state, served_name
 from lmi_server.api.lmi_formatters import apply_payload_formatter
 from lmi_server.api.admission import BadPriority
@@ -35,12 +34,7 @@ def parse_request(model_cls, body):
             request_boundaries(params)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
-    try:
-        return model_cls.model_validate(body)
-    except ValidationError as exc:
-        raise APIError(422, validation_message(exc.errors())) from None
-    except Exception as exc:  # noqa: BLE001 - vLLM's own request validators raise client errors
-        raise APIError(422, str(exc)) from None
+    return validated(model_cls.model_validate, body)
 
 
 def chat_request_type():

@@ -7,6 +7,7 @@ validates wins. When none validates, the errors of the schema the body was close
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -143,8 +144,10 @@ async def invocations(request: Request):
         raise
 
 
-def _completion_fields() -> set[str]:
-    return set(openai_routes.completion_request_type().model_fields)
+@functools.cache
+def _completion_fields() -> frozenset[str]:
+    """The names vLLM's CompletionRequest takes (read once, not per request)."""
+    return frozenset(openai_routes.completion_request_type().model_fields)
 
 
 async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str] | None):
@@ -166,14 +169,10 @@ async def lmi_generate(request: Request, req: LMIRequest, headers: dict[str, str
     result = await call_serving(
         state.serving.openai_serving_completion.create_completion(completion_req, request), request, lmi=True
     )
-    if request.app.state.config.server.tgi_compat:  # TGI's shape: a list, or server-sent events
-        return await respond(
-            request, result, shape_json=lambda body: tgi_list(format_response(req, body)),
-            shape_stream=lambda events: as_sse(stream_jsonlines(req, events)), kind="sse", headers=headers,
-            wrap=lambda body: yielding(body, admission_ticket(request)),
-        )
+    tgi = request.app.state.config.server.tgi_compat  # TGI's shape: a list, or server-sent events
     return await respond(
-        request, result, shape_json=lambda body: format_response(req, body),
-        shape_stream=lambda events: stream_jsonlines(req, events), kind="jsonl", headers=headers,
-        wrap=lambda body: yielding(body, admission_ticket(request)),
+        request, result,
+        shape_json=lambda body: tgi_list(format_response(req, body)) if tgi else format_response(req, body),
+        shape_stream=lambda events: as_sse(stream_jsonlines(req, events)) if tgi else stream_jsonlines(req, events),
+        kind="sse" if tgi else "jsonl", headers=headers, wrap=lambda body: yielding(body, admission_ticket(request)),
     )
