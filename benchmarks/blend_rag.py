@@ -192,8 +192,17 @@ def workload(tokenizer, n_docs: int, doc_tokens: int, system_tokens: int, n_requ
     return {"system": system_prompt(tokenizer, system_tokens, seed), "docs": docs, "questions": questions, "orders": orders}
 
 
+JOIN = {"separator": None, "blank-lines": "\n\n"}
+"""How a prompt's documents are joined: the blend separator before each (and before the question),
+or blank lines as a RAG application writes them (the server then finds documents by their content)."""
+join_style = "separator"
+
+
 def messages(system: str, docs: list[str], order: list[int], question: str) -> list[dict]:
-    user = "".join(SEPARATOR + docs[i] for i in order) + SEPARATOR + f"Question: {question} Answer briefly."
+    if join_style == "blank-lines":
+        user = "\n\n".join([*(docs[i] for i in order), f"Question: {question} Answer briefly."])
+    else:
+        user = "".join(SEPARATOR + docs[i] for i in order) + SEPARATOR + f"Question: {question} Answer briefly."
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -325,9 +334,10 @@ def plot(doc: dict) -> Path:
     b.set_ylim(0, 105)
     b.legend(fontsize=8)
     b.set_title(f"quality: {len(qa[0]['rows'])} questions, {qa[0]['prompt_tokens_mean']:.0f}-token prompts", fontsize=9)
-    fig.suptitle("KV blending on the served assistant (float32, 2 CPU cores)")
+    joined = "documents joined by blank lines, no separator" if doc["args"].get("join") == "blank-lines" else "documents after the separator"
+    fig.suptitle(f"KV blending on the served assistant ({joined}, 2 CPU cores)", fontsize=9)
     fig.tight_layout()
-    out = RESULTS / "blend_rag.png"
+    out = RESULTS / f"{doc['args'].get('name', 'blend_rag')}.png"
     fig.savefig(out, dpi=110)
     return out
 
@@ -344,11 +354,16 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--join", choices=list(JOIN), default="separator",
+                    help="documents after the blend separator, or joined by blank lines (no separator)")
+    ap.add_argument("--name", default="blend_rag", help="results/NAME.{json,png}")
     ap.add_argument("--no-save", action="store_true", help="print only (a quick look)")
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args()
+    global join_style
+    join_style = args.join
     if args.plot_only:
-        print(plot(json.loads((RESULTS / "blend_rag.json").read_text())))
+        print(plot(json.loads((RESULTS / f"{args.name}.json").read_text())))
         return 0
     from transformers import AutoTokenizer
 
@@ -369,7 +384,7 @@ def main() -> int:
     doc["load_average_at_end"] = os.getloadavg()
     compare(doc)
     if not args.no_save:
-        print(save("blend_rag", doc))
+        print(save(args.name, doc))
         print(plot(doc))
     for name, run in doc["configs"].items():
         t, q = run["phases"]["ttft"], run["phases"]["qa"]

@@ -129,3 +129,31 @@ def test_bad_document_boundaries_are_a_400(blend_server, boundaries, words):
         "model": "lmi-demo", "prompt": list(range(1, 600)), "max_tokens": 1,
         "kv_transfer_params": {"lmi_blend_boundaries": boundaries}}, timeout=60)
     assert r.status_code == 400 and "lmi_blend_boundaries" in r.text and words in r.text, r.text
+
+
+def test_documents_joined_by_blank_lines_are_found_by_their_content(blend_server):
+    """An ordinary prompt (no separator, no boundaries: documents joined by blank lines, as a RAG
+    application writes them, sent with the official openai client) is cut where its content says;
+    the documents in another order are found again, and with every reused token recomputed the
+    answer is the full prefill's."""
+    import openai
+
+    client = openai.OpenAI(base_url=blend_server.base_url + "/v1", api_key="none")
+    docs = [d.strip("\n") for d in documents()]
+
+    def ask(order, salt="content", **extra):
+        text = "Notes:\n\n" + "\n\n".join(docs[i] for i in order) + "\n\ndef parse_known_args(self, args=None"
+        return client.completions.create(model="lmi-demo", prompt=text, max_tokens=12, temperature=0,
+                                         extra_body={"cache_salt": salt, **extra})
+
+    first = ask([0, 1, 2])
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    stored = metric_value(metrics(blend_server), "lmi_blend_stored_segments_total")
+    blended = ask([2, 0, 1])
+    assert blended.usage.prompt_tokens_details.cached_tokens > 0.5 * blended.usage.prompt_tokens, blended.usage
+    # nothing new in the permuted prompt: no piece stored twice
+    assert metric_value(metrics(blend_server), "lmi_blend_stored_segments_total") == stored
+    reference = ask([2, 0, 1], salt="content-full-prefill")
+    assert reference.usage.prompt_tokens_details.cached_tokens == 0
+    exact = ask([2, 0, 1], kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
+    assert exact.choices[0].text == reference.choices[0].text

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from lmi_server.kvcache.blend.recompute import attend_selected, blend_kv, select_recompute, token_deviation, validate_ratio
-from lmi_server.kvcache.blend.rope import RopeSpec, rerotate
+from lmi_server.kvcache.blend.rope import RopeSpec, apply_rerotation, rerotation
 from lmi_server.kvcache.blend.support import DEFAULT_CHECK_LAYER
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
@@ -122,10 +122,12 @@ def blend_prefill(
     *,
     ratio: float,
     check_layer: int = DEFAULT_CHECK_LAYER,
+    exact: torch.Tensor | None = None,
 ) -> BlendResult:
     """The prompt's prefill reusing `reused_kv[layer]` (rows valid where `reused` is True, K at the
     request's positions) and recomputing every other token plus the top `ratio` of the reused ones
-    by K deviation at `check_layer`."""
+    by K deviation at `check_layer` (reused tokens marked `exact` are kept as they are and do not
+    count towards the ratio)."""
     ratio = validate_ratio(ratio)
     ids = _ids(adapter, token_ids)
     n = ids.numel()
@@ -158,7 +160,7 @@ def blend_prefill(
     deviation = None
     if bool(reused.any()):
         deviation = torch.where(reused, token_deviation(k, old_k.to(k.dtype)), torch.zeros((), device=k.device))
-    selected = select_recompute(deviation if deviation is not None else torch.zeros(n), reused, ratio).to(ids.device)
+    selected = select_recompute(deviation if deviation is not None else torch.zeros(n), reused, ratio, exact).to(ids.device)
     k_all = blend_kv(old_k, k.index_select(0, selected), selected)
     v_all = blend_kv(old_v, v.index_select(0, selected), selected)
     attn = attend_selected(q.index_select(0, selected), k_all, v_all, selected, scale=adapter.scale)
@@ -194,6 +196,7 @@ def place_segments(
          torch.zeros(n_tokens, num_kv_heads, head_dim, dtype=dtype, device=device))
         for _ in range(num_layers)
     ]
+    starts, lengths = [], []
     for start, seg_kv in pieces:
         if len(seg_kv) != num_layers:
             raise ValueError(f"a cached segment needs KV for {num_layers} layers, got {len(seg_kv)}")
@@ -202,11 +205,21 @@ def place_segments(
             raise ValueError(f"a segment of {length} tokens at {start} lies outside the prompt's {n_tokens}")
         if bool(reused[start : start + length].any()):
             raise ValueError(f"cached segments overlap at [{start}, {start + length})")
-        local = torch.arange(length, device=reused.device)
-        for (k_out, v_out), (k, v) in zip(layers, seg_kv):
-            k_out[start : start + length] = rerotate(k, local, local + start, spec).to(dtype)
-            v_out[start : start + length] = v.to(dtype)
         reused[start : start + length] = True
+        starts.append(start)
+        lengths.append(length)
+    if not pieces:
+        return layers, reused
+    # every piece's rows at once: one rotation (K from segment-local positions to the prompt's)
+    # computed once and applied to each layer, one copy per layer
+    at = torch.cat([torch.arange(s, s + n, device=reused.device) for s, n in zip(starts, lengths)])
+    local = torch.cat([torch.arange(n, device=reused.device) for n in lengths])
+    rotation = rerotation(local, at, spec, int(at.numel()), reused.device)
+    for layer, (k_out, v_out) in enumerate(layers):
+        k = torch.cat([seg_kv[layer][0] for _, seg_kv in pieces]) if len(pieces) > 1 else pieces[0][1][layer][0]
+        v = torch.cat([seg_kv[layer][1] for _, seg_kv in pieces]) if len(pieces) > 1 else pieces[0][1][layer][1]
+        k_out.index_copy_(0, at, apply_rerotation(k.to(reused.device), rotation, spec).to(dtype))
+        v_out.index_copy_(0, at, v.to(device=reused.device, dtype=dtype))
     return layers, reused
 
 

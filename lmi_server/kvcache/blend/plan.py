@@ -25,10 +25,13 @@ from typing import Final
 from lmi_server.kvcache.blend.recompute import validate_ratio
 from lmi_server.kvcache.blend.segments import (
     DEFAULT_CHUNK_SIZE,
+    MIN_SEGMENT,
+    ContentCuts,
     Segment,
     SegmentationError,
     Separator,
     split_at_boundaries,
+    split_at_content,
     split_at_separator,
 )
 
@@ -55,6 +58,8 @@ class SegmentReuse:
     length: int
     cached: int
     """Tokens of the segment's head that come from the cache (0: computed, and stored after)."""
+    exact: bool = False
+    """Cached whole, with KV computed after the very same prompt prefix: kept, never recomputed."""
 
     @property
     def end(self) -> int:
@@ -66,6 +71,9 @@ class BlendPlan:
     prompt_len: int
     segments: tuple[SegmentReuse, ...]
     recompute_ratio: float
+    pieces: bool = False
+    """Cut where the content says (`segments.split_at_content`): every segment is one chunk at most
+    and is stored whole, its tail included; else documents, stored in whole chunks."""
 
     @property
     def external_tokens(self) -> int:
@@ -82,6 +90,12 @@ class BlendPlan:
         return len(self.reused_offsets())
 
     @property
+    def exact_tokens(self) -> int:
+        """Reused tokens whose KV is exact where it stands (not candidates for recomputation)."""
+        last = self.prompt_len - 1
+        return sum(min(seg.end, last) - seg.start for seg in self.segments if seg.exact and seg.start < last)
+
+    @property
     def computed_tokens(self) -> int:
         """Tokens the blend forward computes in full: separators, misses, segment tails (the last token
         is vLLM's and counted here too)."""
@@ -89,21 +103,25 @@ class BlendPlan:
 
     @property
     def recomputed_tokens(self) -> int:
-        """Reused tokens whose KV the check layer recomputes as well (the ratio's share, at most)."""
-        return math.ceil(self.recompute_ratio * self.reused_tokens)
+        """Reused tokens whose KV the check layer recomputes as well (the ratio's share of those not
+        exact, at most)."""
+        return math.ceil(self.recompute_ratio * (self.reused_tokens - self.exact_tokens) - 1e-9)
 
     def to_store(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[SegmentReuse]:
-        """Segments to store after the forward: those with a whole chunk not cached (the cache keeps
-        whole chunks only, so a segment shorter than one is never stored)."""
+        """Segments to store after the forward: pieces not cached; documents with a whole chunk not
+        cached (a document shorter than a chunk is never stored). What is stored is not stored again."""
+        if self.pieces:
+            return [seg for seg in self.segments if seg.cached < seg.length]
         return [seg for seg in self.segments if seg.cached < seg.length // chunk_size * chunk_size]
 
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_len,
-            "segments": [{"start": s.start, "length": s.length, "cached": s.cached} for s in self.segments],
+            "segments": [{"start": s.start, "length": s.length, "cached": s.cached, "exact": s.exact} for s in self.segments],
             "reused_tokens": self.reused_tokens,
             "computed_tokens": self.computed_tokens,
             "recomputed_tokens": self.recomputed_tokens,
+            "cut": "content" if self.pieces else "documents",
         }
 
 
@@ -116,26 +134,39 @@ def plan_prompt(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     min_reused_tokens: int = DEFAULT_MIN_REUSED_TOKENS,
     boundaries: Sequence[int] | None = None,
+    content: ContentCuts | None = None,
+    exact: Callable[[Segment], bool] | None = None,
 ) -> BlendPlan | None | _Pending:
     """The plan for `token_ids`, cut at the document `boundaries` the request gave, else at the
-    separator; PENDING while a segment's lookup has not answered, or None where
+    separator, else (where the prompt holds no separator and `content` is given) where its content
+    says (`exact(segment)` tells, for a segment cached whole, whether its KV was computed after
+    this very prefix); PENDING while a segment's lookup has not answered, or None where
     blending would not pay (fewer than two segments: prefix caching covers one; or fewer than
     `min_reused_tokens` reused). A lookup's answer that is not whole chunks of the segment (or
     the whole segment) is a SegmentationError: the cache and the plan disagree on the chunk size."""
     validate_ratio(recompute_ratio)
     if chunk_size <= 0:
         raise SegmentationError(f"chunk_size must be positive, got {chunk_size}")
+    pieces = False
     if boundaries is not None:
         segments = split_at_boundaries(token_ids, boundaries)
     else:
         segments = split_at_separator(token_ids, separator)
+        if len(segments) < 2 and content is not None:
+            segments, pieces = split_at_content(token_ids, content), True
     if len(segments) < 2:
         return None
-    answers: list[int | None] = [lookup(seg.token_ids) if len(seg) >= chunk_size else 0 for seg in segments]
+    smallest = MIN_SEGMENT if pieces else chunk_size
+    answers: list[int | None] = [lookup(seg.token_ids) if len(seg) >= smallest else 0 for seg in segments]
     if any(answer is None for answer in answers):
         return PENDING
     reuse = tuple(_checked(seg, int(answer), chunk_size) for seg, answer in zip(segments, answers))
-    plan = BlendPlan(len(token_ids), reuse, recompute_ratio)
+    if exact is not None:
+        reuse = tuple(
+            SegmentReuse(r.start, r.length, r.cached, True) if r.cached == r.length and exact(seg) else r
+            for r, seg in zip(reuse, segments)
+        )
+    plan = BlendPlan(len(token_ids), reuse, recompute_ratio, pieces)
     if plan.reused_tokens < min_reused_tokens:
         return None
     return plan

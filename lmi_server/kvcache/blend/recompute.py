@@ -77,18 +77,28 @@ def token_deviation(
     return squared.sqrt()
 
 
-def select_recompute(deviation: torch.Tensor, reused: torch.Tensor, ratio: float) -> torch.Tensor:
+def select_recompute(
+    deviation: torch.Tensor, reused: torch.Tensor, ratio: float, exact: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Sorted long indices of the tokens to recompute: every token that is not reused, plus the
-    ceil(ratio x reused count) reused tokens of largest deviation (ties go to the earlier token)."""
+    ceil(ratio x candidates) reused tokens of largest deviation (ties go to the earlier token).
+    Candidates are the reused tokens not marked `exact` (cached KV computed after the very same
+    tokens at the very same positions: nothing to correct), so the ratio is spent where the context
+    changed."""
     ratio = validate_ratio(ratio)
     if deviation.dim() != 1 or reused.shape != deviation.shape:
         raise ValueError(f"deviation and reuse mask must be [tokens], got {tuple(deviation.shape)} and {tuple(reused.shape)}")
     reused = reused.to(device=deviation.device, dtype=torch.bool)
-    n_reused = int(reused.sum())
-    take = min(n_reused, math.ceil(ratio * n_reused - 1e-9))
+    candidates = reused
+    if exact is not None:
+        if exact.shape != reused.shape:
+            raise ValueError(f"the exact mask must be [tokens], got {tuple(exact.shape)}")
+        candidates = reused & ~exact.to(device=deviation.device, dtype=torch.bool)
+    n_candidates = int(candidates.sum())
+    take = min(n_candidates, math.ceil(ratio * n_candidates - 1e-9))
     chosen = ~reused
     if take:
-        scores = torch.where(reused, deviation.float(), torch.tensor(float("-inf"), device=deviation.device))
+        scores = torch.where(candidates, deviation.float(), torch.tensor(float("-inf"), device=deviation.device))
         # stable order: equal deviations keep the earlier token first
         order = torch.sort(scores, descending=True, stable=True).indices[:take]
         chosen = chosen.clone()

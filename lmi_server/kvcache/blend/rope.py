@@ -186,13 +186,29 @@ def rerotate(
     positions are one per token, or one int for all. Computes in float32 and returns K's dtype,
     on K's device; `k` itself is not changed."""
     _check_shape(k, spec)
-    n = k.shape[0]
-    src = _as_positions(from_positions, n, k.device)
-    dst = _as_positions(to_positions, n, k.device)
+    return apply_rerotation(k, rerotation(from_positions, to_positions, spec, k.shape[0], k.device), spec)
+
+
+def rerotation(
+    from_positions: torch.Tensor | int, to_positions: torch.Tensor | int, spec: RopeSpec, n_tokens: int,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 cos/sin that move K from `from_positions` to `to_positions` (the angle
+    difference, computed in float64): once per prompt, then applied to every layer's K."""
+    device = torch.device(device)
+    src = _as_positions(from_positions, n_tokens, device)
+    dst = _as_positions(to_positions, n_tokens, device)
     cos_p, sin_p = (x.double() for x in spec.cos_sin(src))
     cos_q, sin_q = (x.double() for x in spec.cos_sin(dst))
-    cos = (cos_q * cos_p + sin_q * sin_p).float()
-    sin = (sin_q * cos_p - cos_q * sin_p).float()
+    return (cos_q * cos_p + sin_q * sin_p).float(), (sin_q * cos_p - cos_q * sin_p).float()
+
+
+def apply_rerotation(k: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor], spec: RopeSpec) -> torch.Tensor:
+    """`rerotate` with the cos/sin of `rerotation` (one row per token of `k`)."""
+    _check_shape(k, spec)
+    cos, sin = rotation
+    if cos.shape[0] != k.shape[0]:
+        raise ValueError(f"a rotation for {cos.shape[0]} tokens applied to K of {k.shape[0]}")
     return _apply(k, cos, sin, spec)
 
 

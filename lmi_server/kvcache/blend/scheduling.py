@@ -2,8 +2,8 @@
 what vLLM is told.
 
 For every new request the connector asks `decide`: the prompt is cut at the separator (or at the
-document boundaries the request gives, `kv_transfer_params.lmi_blend_boundaries`) and each
-segment looked up in the segment store (`store.py`). Where the cached segments cover at least
+document boundaries the request gives, `kv_transfer_params.lmi_blend_boundaries`; where it has
+neither, where its content says: `segments.split_at_content`) and each segment looked up in the segment store (`store.py`). Where the cached segments cover at least
 `min_reused_tokens` more than LMCache's prefix hit, the request is *blended*: the connector
 reports every prompt token but the last as loaded synchronously, vLLM allocates blocks for the
 whole prompt and schedules the last token, and the worker, before that step's forward, fills the
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmi_server.kvcache.blend.plan import BlendPlan, SegmentReuse, plan_prompt
-from lmi_server.kvcache.blend.segments import Separator, key_salt
+from lmi_server.kvcache.blend.segments import ContentCuts, ContextKeys, Separator, key_salt
 from lmi_server.kvcache.blend.settings import BlendConfig, prompt_boundaries, request_ratio
 from lmi_server.kvcache.blend.store import SegmentStore
 
@@ -40,6 +40,10 @@ class BlendJob:
     """(start, length, cached tokens) of each segment."""
     salt: bytes
     recompute_ratio: float
+    to_store: list[tuple[int, int, int]] = field(default_factory=list)
+    """Segments that missed, stored from the blended prefill's KV (the plan's `to_store`)."""
+    exact: list[tuple[int, int]] = field(default_factory=list)
+    """(start, length) of segments whose cached KV is exact here: kept, not recomputation candidates."""
 
 
 @dataclass
@@ -52,6 +56,9 @@ class StoreJob:
     segments: list[tuple[int, int, int]]
     """(start, length, tokens already stored) of each segment to store."""
     salt: bytes
+    contexts: list[bytes] = field(default_factory=list)
+    """Per segment to store, the context key of its end: the prompt was computed in full, so the
+    stored KV is exact after that prefix (`SegmentStore.mark_exact`)."""
 
 
 @dataclass
@@ -66,15 +73,16 @@ class _Tracked:
 class BlendScheduler:
     """Per-request blend decisions and the jobs they turn into, in the engine's scheduler process."""
 
-    def __init__(self, config: BlendConfig, separator: Separator) -> None:
+    def __init__(self, config: BlendConfig, separator: Separator, content: ContentCuts | None = None) -> None:
         self.config = config
         self.separator = separator
+        self.content = content
         self.store = open_store(config)
         self._tracked: dict[str, _Tracked] = {}
 
     @classmethod
     def from_vllm_config(cls, config: BlendConfig, vllm_config: Any) -> BlendScheduler:
-        """Tokenize the separator with the served model's tokenizer (once, here)."""
+        """Tokenize the separator and read the tokenizer's line breaks and special tokens (once, here)."""
         from transformers import AutoTokenizer
 
         model_config = vllm_config.model_config
@@ -82,7 +90,7 @@ class BlendScheduler:
             model_config.tokenizer, revision=model_config.tokenizer_revision,
             trust_remote_code=model_config.trust_remote_code,
         )
-        return cls(config, Separator.from_tokenizer(tokenizer, config.separator))
+        return cls(config, Separator.from_tokenizer(tokenizer, config.separator), content_cuts(tokenizer, config.chunk_size))
 
     def salt(self, request: Any) -> bytes:
         return key_salt(self.config.model_identity, getattr(request, "cache_salt", None))
@@ -107,9 +115,11 @@ class BlendScheduler:
             # known only here): served as usual, and said so.
             logger.warning("request %s is not blended: %s", request_id, exc)
             return None
+        contexts = ContextKeys(prompt, salt)
         plan = plan_prompt(
             prompt, self.separator, lambda ids: self.store.cached_tokens(ids, salt),
             recompute_ratio=ratio, chunk_size=self.config.chunk_size, min_reused_tokens=0, boundaries=boundaries,
+            content=self.content, exact=lambda seg: self.store.is_exact(seg.token_ids, salt, contexts.at(seg.end)),
         )
         if not isinstance(plan, BlendPlan):
             return None
@@ -161,16 +171,27 @@ class BlendScheduler:
             tracked.done = True
             _report_cached_tokens(request, plan)
             return [BlendJob(request_id, list(request.prompt_token_ids), list(tracked.block_ids),
-                             [_triple(s) for s in plan.segments], self.salt(request), plan.recompute_ratio)]
+                             [_triple(s) for s in plan.segments], self.salt(request), plan.recompute_ratio,
+                             [_triple(s) for s in plan.to_store(self.config.chunk_size)],
+                             [(s.start, s.length) for s in plan.segments if s.exact])]
         if computed_after_step < plan.prompt_len:
             return []
         tracked.done = True
         to_store = plan.to_store(self.config.chunk_size)
+        salt = self.salt(request)
+        contexts = ContextKeys(request.prompt_token_ids, salt)
         return [StoreJob(request_id, list(request.prompt_token_ids), list(tracked.block_ids),
-                         [_triple(s) for s in to_store], self.salt(request))]
+                         [_triple(s) for s in to_store], salt, [contexts.at(s.end) for s in to_store])]
 
     def finished(self, request_id: str) -> None:
         self._tracked.pop(request_id, None)
+
+
+def content_cuts(tokenizer: Any, chunk_size: int) -> ContentCuts:
+    """Pieces of one chunk at most (each stored as one), about half a chunk on average."""
+    avg = max(2, min(128, chunk_size))
+    low = max(1, avg // 2)
+    return ContentCuts.from_tokenizer(tokenizer, min_len=low, avg_len=avg, max_len=chunk_size, window=min(8, low))
 
 
 def open_store(config: BlendConfig) -> SegmentStore:

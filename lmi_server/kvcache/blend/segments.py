@@ -209,7 +209,166 @@ def segment_chunk_keys(
     return keys
 
 
+class ContextKeys:
+    """Keys of a prompt's prefixes: the key at `end` hashes the salt and every token before `end`.
+    A segment stored with the context key of its end, and found again with the same one, has KV
+    computed after the very same tokens at the very same positions: exact, nothing to recompute.
+    Asked for ends in increasing order, the prompt is hashed once."""
+
+    def __init__(self, token_ids: Sequence[int], salt: bytes) -> None:
+        self._tokens = token_ids
+        self._hash = hashlib.sha256(KEY_DOMAIN + b"\0context\0" + salt)
+        self._at = 0
+        self._keys: dict[int, bytes] = {}
+
+    def at(self, end: int) -> bytes:
+        if end in self._keys:
+            return self._keys[end]
+        if not self._at <= end <= len(self._tokens):
+            raise SegmentationError(f"context keys are asked for in increasing order within the prompt, got {end} after {self._at}")
+        self._hash.update(_token_bytes(self._tokens[self._at : end]))
+        self._at = end
+        self._keys[end] = self._hash.copy().digest()
+        return self._keys[end]
+
+
 def segment_key(token_ids: Sequence[int], salt: bytes, chunk_size: int = DEFAULT_CHUNK_SIZE) -> bytes | None:
     """The key of the whole segment (its last chunk's), None for an empty one."""
     keys = segment_chunk_keys(token_ids, salt, chunk_size)
     return keys[-1].key if keys else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Content-defined segmentation: documents found in ordinary prompts
+# ---------------------------------------------------------------------------------------------
+
+DEFAULT_MIN_PIECE = 64
+DEFAULT_AVG_PIECE = 128
+DEFAULT_WINDOW = 8
+MIN_SEGMENT = 16
+"""Pieces shorter than this are no segment: looked up and stored for a handful of tokens they would
+cost more than they save (a chat template's role header, the blank line between documents)."""
+HEADER_TOKENS = 8
+"""A line break this close after a special token ends a chat template's role header."""
+
+_MASK64 = (1 << 64) - 1
+_ROLL = 0x100000001B3  # odd multiplier of the polynomial rolling hash
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: spreads every input bit over the output, so a modulus of the hash is
+    as good as random while staying a pure function of the window's tokens."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+@dataclass(frozen=True)
+class ContentCuts:
+    """How a prompt without separators is cut where its content says so, the same way wherever a
+    document stands.
+
+    Hard cuts, before and after: special tokens (a chat template's `<|im_start|>`, `<|eot_id|>`), runs
+    of line breaks holding a blank line (how documents are joined), and the line break that ends a
+    role header (`user\\n` right after a special token). Between hard cuts, a piece ends where a
+    rolling hash of its last `window` tokens hits a pattern (content-defined chunking over token
+    ids), at least `min_len` and on average about `avg_len` tokens after the last cut, and at
+    `max_len` at the latest. The hash window never reaches over a hard cut, so a document that
+    follows one (a blank line, the user turn's header) is cut into the same pieces in any position;
+    a document glued to its neighbour loses only the piece that straddles the join."""
+
+    newlines: dict[int, int]
+    """Token id -> line breaks it holds, for tokens that are whitespace only."""
+    special_ids: frozenset[int]
+    min_len: int = DEFAULT_MIN_PIECE
+    avg_len: int = DEFAULT_AVG_PIECE
+    max_len: int = DEFAULT_CHUNK_SIZE
+    window: int = DEFAULT_WINDOW
+
+    def __post_init__(self) -> None:
+        if not 0 < self.window <= self.min_len < self.avg_len <= self.max_len:
+            raise SegmentationError(
+                f"content cuts need 0 < window ({self.window}) <= min_len ({self.min_len}) < avg_len "
+                f"({self.avg_len}) <= max_len ({self.max_len})"
+            )
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer, **sizes: int) -> ContentCuts:
+        """Read once which token ids are line breaks and which are special (the whole vocabulary is
+        decoded one id at a time: a byte-level BPE merges "\\n\\n" into one token, SentencePiece
+        does not, and only the decoded text tells)."""
+        size = len(tokenizer)  # type: ignore[arg-type]
+        texts = tokenizer.batch_decode([[i] for i in range(size)])  # type: ignore[attr-defined]
+        newlines = {i: t.count("\n") for i, t in enumerate(texts) if "\n" in t and not t.strip()}
+        special = set(getattr(tokenizer, "all_special_ids", None) or ())
+        for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+            if getattr(added, "special", False):
+                special.add(int(token_id))
+        return cls(newlines, frozenset(special), **sizes)
+
+    @property
+    def _divisor(self) -> int:
+        return self.avg_len - self.min_len
+
+
+def _regions(tokens: list[int], cuts: ContentCuts) -> list[tuple[int, int, bool]]:
+    """The prompt as (start, end, is_structure) runs between hard cuts, left to right."""
+    special, newlines = cuts.special_ids, cuts.newlines
+    regions: list[tuple[int, int, bool]] = []
+    n = len(tokens)
+    start = i = 0
+    after_special = False  # the text since `start` follows a special token: a role header may end it
+    while i < n:
+        if tokens[i] not in special and tokens[i] not in newlines:
+            i += 1
+            continue
+        j, breaks, has_special = i, 0, False
+        while j < n and (tokens[j] in special or tokens[j] in newlines):
+            breaks += newlines.get(tokens[j], 0)
+            has_special = has_special or tokens[j] in special
+            j += 1
+        if has_special or breaks >= 2 or (after_special and breaks and i - start <= HEADER_TOKENS):
+            if i > start:
+                regions.append((start, i, False))
+            regions.append((i, j, True))
+            start, after_special = j, has_special
+        i = j  # a single line break inside text is text (code keeps its lines together)
+    if n > start:
+        regions.append((start, n, False))
+    return regions
+
+
+def _content_pieces(tokens: list[int], start: int, end: int, cuts: ContentCuts) -> list[tuple[int, int]]:
+    """Cut the text between two hard cuts where a rolling hash of the last `window` tokens hits the
+    pattern (no cut that would leave fewer than `min_len` tokens before the next hard cut)."""
+    pieces: list[tuple[int, int]] = []
+    window, divisor = cuts.window, cuts._divisor
+    drop = pow(_ROLL, window, 1 << 64)
+    rolling = 0
+    piece = start
+    for i in range(start, end):
+        rolling = (rolling * _ROLL + _mix64(tokens[i] + 1)) & _MASK64
+        if i - start >= window:
+            rolling = (rolling - _mix64(tokens[i - window] + 1) * drop) & _MASK64
+        length = i + 1 - piece
+        if length >= cuts.max_len or (
+            length >= cuts.min_len and end - (i + 1) >= cuts.min_len and i + 1 - start >= window
+            and _mix64(rolling) % divisor == 0
+        ):
+            pieces.append((piece, i + 1))
+            piece = i + 1
+    if end > piece:
+        pieces.append((piece, end))
+    return pieces
+
+
+def split_at_content(token_ids: Sequence[int], cuts: ContentCuts) -> list[Segment]:
+    """The prompt's pieces of at least `MIN_SEGMENT` tokens between content-defined cuts (see
+    `ContentCuts`); structure (template tokens, blank lines) and shorter pieces belong to no segment."""
+    tokens = list(token_ids)
+    pieces = [
+        piece
+        for start, end, structure in _regions(tokens, cuts) if not structure
+        for piece in _content_pieces(tokens, start, end, cuts)
+    ]
+    return [Segment(a, tuple(tokens[a:b])) for a, b in pieces if b - a >= MIN_SEGMENT]

@@ -35,6 +35,9 @@ logger = logging.getLogger("lmi_server.kvcache.blend.store")
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 SUFFIX = ".kv"
+CONTEXT_SUFFIX = ".ctx"
+"""An empty marker `<last chunk key>.<context key>.ctx`: the segment's KV was computed in full after
+the prompt prefix of that context key (`segments.ContextKeys`)."""
 STATS_FILE = "stats.json"
 
 
@@ -65,6 +68,21 @@ class SegmentStore:
             found = key.end
         return found
 
+    def _context_path(self, token_ids: Sequence[int], salt: bytes, context: bytes) -> Path | None:
+        keys = self.keys(token_ids, salt)
+        return self.root / f"{keys[-1].hex()}.{context.hex()[:32]}{CONTEXT_SUFFIX}" if keys else None
+
+    def mark_exact(self, token_ids: Sequence[int], salt: bytes, context: bytes) -> None:
+        """Record that the stored segment's KV is exact after the prefix `context` keys."""
+        path = self._context_path(token_ids, salt, context)
+        if path is not None:
+            path.touch()
+
+    def is_exact(self, token_ids: Sequence[int], salt: bytes, context: bytes) -> bool:
+        """The segment is stored and its KV was computed after this very prefix."""
+        path = self._context_path(token_ids, salt, context)
+        return path is not None and path.exists()
+
     def load(self, token_ids: Sequence[int], salt: bytes, n_tokens: int) -> list[LayerKV] | None:
         """Per-layer K and V `[n_tokens, kv_heads, head_dim]` of the segment's first `n_tokens` (whole
         chunks, or the whole segment), K at positions 0..; None where a chunk has gone since."""
@@ -85,16 +103,21 @@ class SegmentStore:
             return None
         return [(layer[0], layer[1]) for layer in stacked]
 
-    def save(self, token_ids: Sequence[int], salt: bytes, kv: Sequence[LayerKV], *, skip_tokens: int = 0) -> int:
+    def save(self, token_ids: Sequence[int], salt: bytes, kv: Sequence[LayerKV], *, skip_tokens: int = 0,
+             context: bytes | None = None) -> int:
         """Store the segment's chunks from `skip_tokens` (a chunk boundary: those before are stored
-        already) to its end; `kv` covers the whole segment, K at positions 0... Returns bytes written."""
+        already) to its end; `kv` covers the whole segment, K at positions 0... With `context` (the
+        KV was computed in full after that prefix), the segment is marked exact there, provided
+        every chunk stored is this KV (none kept from another prompt). Returns bytes written."""
         stacked = torch.stack([torch.stack((k, v)) for k, v in kv])  # [layers, 2, tokens, heads, dim]
         if stacked.shape[2] != len(token_ids):
             raise ValueError(f"KV for {len(token_ids)} tokens expected, got {stacked.shape[2]}")
         written = 0
+        ours = skip_tokens == 0
         for key in self.keys(token_ids, salt):
             path = self._path(key)
             if key.start < skip_tokens or path.exists():
+                ours = False
                 continue
             fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
             os.close(fd)
@@ -105,6 +128,8 @@ class SegmentStore:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             written += path.stat().st_size
+        if context is not None and ours:
+            self.mark_exact(token_ids, salt, context)
         if written:
             self.evict()
         return written
@@ -134,6 +159,8 @@ class SegmentStore:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
+                for marker in Path(path).parent.glob(Path(path).name[: -len(SUFFIX)] + ".*" + CONTEXT_SUFFIX):
+                    marker.unlink(missing_ok=True)
                 total -= size
                 removed += 1
             return removed

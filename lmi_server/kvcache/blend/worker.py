@@ -142,8 +142,11 @@ class BlendWorker:
             head_dim=adapter.head_dim, dtype=dtype,
         )
         clock.lap("place")
-        result = forward.blend_prefill(adapter, job.token_ids, reused_kv, reused,
-                                       ratio=job.recompute_ratio, check_layer=self.config.check_layer)
+        exact = torch.zeros(n, dtype=torch.bool)
+        for start, length in job.exact:
+            exact[start : start + length] = True
+        result = forward.blend_prefill(adapter, job.token_ids, reused_kv, reused, ratio=job.recompute_ratio,
+                                       check_layer=self.config.check_layer, exact=exact & reused)
         clock.lap("forward")
         slots = paged.slot_mapping(job.block_ids, 0, n - 1, self.block_size)
         for layer, (k, v) in zip(self.layers, result.kv):
@@ -160,13 +163,10 @@ class BlendWorker:
                     job.request_id, n, n_reused - recomputed, recomputed, n - n_reused, clock)
 
     def _store_missed(self, job: BlendJob, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int]:
-        """Store the segments with a whole chunk not cached, from the blended prefill's own KV (those
-        tokens were all computed in full)."""
+        """Store the segments the plan says missed, from the blended prefill's own KV (those tokens
+        were all computed in full)."""
         stored = written = 0
-        chunk = self.config.chunk_size
-        for start, length, cached in job.segments:
-            if cached >= length // chunk * chunk:
-                continue
+        for start, length, cached in job.to_store:
             local = torch.arange(length)
             seg_kv = [(self._to_local(k[start : start + length], local, start), v[start : start + length]) for k, v in kv]
             written += self.store.save(job.token_ids[start : start + length], job.salt, seg_kv, skip_tokens=cached)
@@ -179,10 +179,12 @@ class BlendWorker:
     @torch.inference_mode()
     def store_from_blocks(self, job: StoreJob) -> None:
         stored = written = 0
-        for start, length, cached in job.segments:
+        contexts = job.contexts or [None] * len(job.segments)
+        for (start, length, cached), context in zip(job.segments, contexts):
             slots = paged.slot_mapping(job.block_ids, start, length, self.block_size)
             seg_kv = [paged.store_segment(layer, slots, self.spec, at_start=start, to_start=0) for layer in self.layers]
-            written += self.store.save(job.token_ids[start : start + length], job.salt, seg_kv, skip_tokens=cached)
+            written += self.store.save(job.token_ids[start : start + length], job.salt, seg_kv, skip_tokens=cached,
+                                       context=context)
             stored += 1
         if stored:
             self.counters.add(stored_segments=stored, stored_bytes=written)

@@ -50,7 +50,7 @@ def test_documents_seen_before_are_reused_in_any_order_and_the_rest_is_computed(
     assert plan.external_tokens == len(tokens) - 1
     assert plan.recomputed_tokens == 4  # ceil(0.25 x 15)
     assert [s.length for s in plan.to_store(CHUNK)] == [10]  # B missed: stored for the next prompt
-    assert plan.to_dict()["segments"][1] == {"start": 2 + 8 + 2, "length": 10, "cached": 0}
+    assert plan.to_dict()["segments"][1] == {"start": 2 + 8 + 2, "length": 10, "cached": 0, "exact": False}
 
 
 def test_a_partial_hit_reuses_whole_chunks_and_stores_the_rest():

@@ -162,3 +162,17 @@ def test_bad_attention_inputs_are_refused():
         attend_selected(q, k, k, torch.tensor([0, 1, 2, 4]))
     with pytest.raises(ValueError):
         attend_selected(kv(4, heads=5), k, k, torch.arange(4))
+
+
+def test_exact_tokens_are_kept_and_do_not_count_towards_the_ratio():
+    n = 30
+    reused = torch.zeros(n, dtype=torch.bool)
+    reused[:20] = True
+    deviation = torch.arange(n, dtype=torch.float32).flip(0)  # the earliest tokens deviate most
+    exact = torch.zeros(n, dtype=torch.bool)
+    exact[:10] = True  # cached after the very same prefix: nothing to correct there
+    chosen = select_recompute(deviation, reused, 0.2, exact).tolist()
+    assert chosen == [10, 11] + list(range(20, 30))  # 20 % of the 10 candidates, none of the exact ones
+    assert select_recompute(deviation, reused, 1.0, exact).tolist() == list(range(10, 30))
+    with pytest.raises(ValueError, match="exact mask"):
+        select_recompute(deviation, reused, 0.2, exact[:5])

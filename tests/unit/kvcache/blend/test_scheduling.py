@@ -140,3 +140,58 @@ def test_documents_cut_where_the_request_says_are_reused_without_a_separator(tmp
     past_the_end = request("b3", ids)
     past_the_end.kv_transfer_params = {"lmi_blend_boundaries": [3, len(ids) + 1]}
     assert sched.decide(past_the_end, 0) is None  # the API refuses it where it can; here: the usual path
+
+
+def test_documents_in_an_ordinary_prompt_are_found_by_their_content(tmp_path):
+    """No separator, no boundaries: documents joined by blank lines (LMCache's long-doc-permutator)
+    are cut where their content says, stored once, blended in another order, and no piece is
+    stored twice."""
+    import random
+
+    from lmi_server.kvcache.blend.segments import ContentCuts
+
+    nl = 3
+    cuts = ContentCuts(newlines={nl: 1}, special_ids=frozenset({1}), min_len=16, avg_len=32, max_len=64, window=4)
+    config = BlendConfig(separator=" # # ", recompute_ratio=0.25, check_layer=1, chunk_size=64, min_reused_tokens=64,
+                         store_dir=str(tmp_path / "store"), store_max_bytes=10**9, model_identity="tiny")
+    sched = BlendScheduler(config, Separator(SEP), cuts)
+    rng = random.Random(0)
+    docs = [[rng.randrange(100, 900) for _ in range(150)] for _ in range(3)]
+
+    system = [rng.randrange(100, 900) for _ in range(40)]
+
+    def joined(order):
+        ids = [1, 40, nl, *system, 1, nl, 1, 41, nl]
+        for k, i in enumerate(order):
+            ids += ([nl, nl] if k else []) + docs[i]
+        return ids + [1, nl, 1, 41, nl]
+
+    first = request("c1", joined([0, 1, 2]))
+    assert sched.decide(first, prefix_hit_tokens=0) is None
+    (job,) = sched.jobs(new_step("c1", [1, 2, 3, 4, 5, 6, 7, 8], 0, len(first.prompt_token_ids)))
+    assert isinstance(job, StoreJob) and sum(length for _, length, _ in job.segments) == 490
+    assert all(length <= 64 for _, length, _ in job.segments)
+    assert len(job.contexts) == len(job.segments)  # the prompt was computed in full: exact where it stood
+    for (start, length, _), context in zip(job.segments, job.contexts):
+        kv = [(torch.zeros(length, 1, 2), torch.zeros(length, 1, 2))]
+        sched.store.save(job.token_ids[start : start + length], job.salt, kv, context=context)
+    stored = len(list((tmp_path / "store").glob("*.kv")))
+
+    second = request("c2", joined([2, 0, 1]))
+    n = len(second.prompt_token_ids)
+    assert sched.decide(second, prefix_hit_tokens=3) == n - 1
+    (job,) = sched.jobs(new_step("c2", [9, 10, 11, 12, 13, 14, 15, 16], n - 1, 1))
+    assert isinstance(job, BlendJob)
+    assert sum(cached for _, _, cached in job.segments) == 490  # every document token found again
+    assert job.to_store == []  # nothing new: nothing stored again
+    # the system prompt stands where it stood, after the same tokens: its KV is exact, kept whole,
+    # and the ratio is spent on the moved documents only
+    assert job.exact == [(3, 40)]
+    assert second.prefill_stats.num_cached_tokens == 490 - 113  # ceil(0.25 x 450) recomputed
+    assert len(list((tmp_path / "store").glob("*.kv"))) == stored
+
+    third = request("c3", joined([1, 2]) [:-5] + [nl, nl] + docs[0][:100] + [1, nl])
+    assert sched.decide(third, prefix_hit_tokens=0) == len(third.prompt_token_ids) - 1
+    (job,) = sched.jobs(new_step("c3", [1, 2, 3, 4, 5, 6, 7], 0, 1))
+    # a document cut short: its head pieces are found, its new tail is stored (once)
+    assert 0 < sum(length for _, length, _ in job.to_store) < 100

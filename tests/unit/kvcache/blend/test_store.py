@@ -104,3 +104,38 @@ def test_stores_of_servers_that_are_gone_are_removed(tmp_path):
     assert remove_stale_stores(tmp_path) == [str(dead)]
     assert not dead.exists() and alive.exists() and other.exists()
     assert remove_stale_stores(tmp_path / "missing") == []
+
+
+def test_a_segment_is_exact_only_after_the_prefix_it_was_computed_after(tmp_path):
+    from lmi_server.kvcache.blend.segments import ContextKeys
+
+    s = store(tmp_path)
+    prompt = list(range(100, 130))
+    seg = prompt[10:20]
+    here, elsewhere = ContextKeys(prompt, SALT).at(20), ContextKeys([7] + prompt, SALT).at(21)
+    s.save(seg, SALT, seg_kv(10), context=here)
+    assert s.is_exact(seg, SALT, here) and not s.is_exact(seg, SALT, elsewhere)
+    # stored already (from another prompt): the KV kept is not this prompt's, so no mark
+    s.save(seg, SALT, seg_kv(10, seed=1), context=elsewhere)
+    assert not s.is_exact(seg, SALT, elsewhere)
+    # a head kept from elsewhere: not exact either
+    longer = seg + [1, 2, 3, 4]
+    s.save(longer, SALT, seg_kv(14), skip_tokens=8, context=elsewhere)
+    assert not s.is_exact(longer, SALT, elsewhere)
+    # the mark goes with the chunk it vouches for
+    small = SegmentStore(tmp_path / "small", chunk_size=CHUNK, max_bytes=1)
+    small.save(seg, SALT, seg_kv(10), context=here)
+    assert not small.is_exact(seg, SALT, here)
+    assert not list((tmp_path / "small").glob("*.ctx"))
+
+
+def test_context_keys_hash_every_token_before_the_end():
+    from lmi_server.kvcache.blend.segments import ContextKeys, SegmentationError
+
+    keys = ContextKeys([1, 2, 3, 4], SALT)
+    at2, at4 = keys.at(2), keys.at(4)
+    assert ContextKeys([1, 2, 9, 9], SALT).at(2) == at2 != ContextKeys([1, 3, 3, 4], SALT).at(2)
+    assert ContextKeys([1, 2, 3, 4], key_salt("model-b")).at(4) != at4
+    assert keys.at(2) == at2  # asked again: the same
+    with pytest.raises(SegmentationError, match="increasing"):
+        ContextKeys([1, 2, 3], SALT).at(5)
