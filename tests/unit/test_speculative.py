@@ -39,7 +39,48 @@ def test_json_form_passes_through_with_relative_draft_resolved(model_dir):
 
 def test_ngram_needs_no_draft(model_dir):
     out = spec(model_dir, {"option.speculative_method": "ngram", "option.num_speculative_tokens": "5"})
-    assert out == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert out == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 5, "prompt_lookup_min": 2}
+
+
+NGRAM_MEASURED = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 5, "prompt_lookup_min": 2}
+NGRAM_SCHEDULE = [[1, 8, 8], [9, 4096, 0]]
+
+
+def test_ngram_alone_takes_the_measured_settings_not_vllms(model_dir):
+    """`option.speculative_method=ngram` and nothing else: the draft length, lookup sizes and batch-size
+    schedule chosen by benchmarks/spec_grounded.py for any model."""
+    out = spec(model_dir, {"option.speculative_method": "ngram"})
+    assert out == {**NGRAM_MEASURED, **({"num_speculative_tokens_per_batch_size": NGRAM_SCHEDULE} if NGRAM_SCHEDULE else {})}
+
+
+def test_ngram_default_schedule_steps_aside_above_eight_running_requests_in_vllm(model_dir):
+    """vLLM's own lookup of the default schedule: 8 draft tokens up to 8 running requests, none above."""
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    out = spec(model_dir, {"option.speculative_method": "ngram"})
+    dense = build_dynamic_sd_schedule_lookup(out["num_speculative_tokens_per_batch_size"], 256, out["num_speculative_tokens"])
+    assert dense[1] == dense[8] == 8 and dense[9] == dense[16] == dense[256] == 0
+
+
+def test_ngram_explicit_token_count_wins_and_drops_the_schedule(model_dir):
+    out = spec(model_dir, {"option.speculative_method": "ngram", "option.num_speculative_tokens": "3"})
+    assert out["num_speculative_tokens"] == 3 and "num_speculative_tokens_per_batch_size" not in out
+
+
+def test_ngram_json_form_is_passed_as_given(model_dir):
+    given = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    assert spec(model_dir, {"option.speculative_config": json.dumps(given)}) == given
+
+
+def test_ngram_alone_on_the_assistant_takes_the_same_measured_settings(tmp_path):
+    from lmi_server.runtime import resolve_speculative
+
+    cfg = build_serving_config({"option.speculative_method": "ngram"}, tmp_path / "no-model")
+    assert cfg.model.source == "assistant"
+    target = write_model(tmp_path / "target", {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "vocab_size": 49152})
+    out = resolve_speculative(cfg, {"model": str(target)}, build_demo=False)
+    assert {k: out[k] for k in NGRAM_MEASURED} == NGRAM_MEASURED and "model" not in out
+    assert out.get("num_speculative_tokens_per_batch_size") == NGRAM_SCHEDULE
 
 
 def test_no_speculation_when_not_asked(model_dir):
