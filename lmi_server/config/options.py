@@ -133,14 +133,16 @@ class LMCacheOptions(BaseModel):
     lmcache_blend: bool = Field(
         False,
         description="CacheBlend: reuse the KV of prompt segments wherever they appear, not only as a prefix "
-        "(the LMCache file's `enable_blending`). Needs LMCache in MP mode and a Llama, Qwen2 or Qwen3 model; turns "
+        "(the LMCache file's `enable_blending`); documents are found in ordinary prompts by their content, no "
+        "separator needed. Needs LMCache in MP mode and a Llama, Qwen2 or Qwen3 model; turns "
         "vLLM's own prefix caching off (LMCache still serves prefixes) and cannot be combined with speculative "
         "decoding. See the README's CacheBlend section for what it costs in quality.",
     )
     lmcache_blend_separator: str = Field(
         " # # ", min_length=1,
         description="Text that separates a prompt's segments for option.lmcache_blend (LMCache's "
-        "`blend_special_str`); put it before every document, the first one too. Quote it to keep its spaces "
+        "`blend_special_str`), where a client wants to cut its prompts itself (prompts without it are cut by their "
+        "content); put it before every document, the first one too. Quote it to keep its spaces "
         "(properties values lose them): `option.lmcache_blend_separator=\" # # \"` (a JSON string).",
     )
     lmcache_blend_recompute_ratio: float = Field(
