@@ -158,8 +158,8 @@ class LMCacheOptions(BaseModel):
     )
     lmcache_blend_min_reused_tokens: int = Field(
         256, ge=1,
-        description="A prompt is blended when its cached segments cover at least this many tokens (and more than "
-        "LMCache's prefix hit); below it the prompt is computed as usual and its segments stored.",
+        description="A prompt is blended when its cached segments cover at least this many tokens (and blending "
+        "computes less than LMCache's prefix hit leaves to compute); below it the prompt is computed as usual and its segments stored.",
     )
 
     @field_validator("lmcache_blend_separator", mode="before")

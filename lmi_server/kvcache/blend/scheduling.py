@@ -4,7 +4,8 @@ what vLLM is told.
 For every new request the connector asks `decide`: the prompt is cut at the separator (or at the
 document boundaries the request gives, `kv_transfer_params.lmi_blend_boundaries`; where it has
 neither, where its content says: `segments.split_at_content`) and each segment looked up in the segment store (`store.py`). Where the cached segments cover at least
-`min_reused_tokens` more than LMCache's prefix hit, the request is *blended*: the connector
+`min_reused_tokens` and the blend would compute less than what LMCache's prefix hit leaves to
+compute (`blend_cost`), the request is *blended*: the connector
 reports every prompt token but the last as loaded synchronously, vLLM allocates blocks for the
 whole prompt and schedules the last token, and the worker, before that step's forward, fills the
 blocks with the blended KV (`worker.py`). A prompt with segments but too little of them cached
@@ -73,10 +74,14 @@ class _Tracked:
 class BlendScheduler:
     """Per-request blend decisions and the jobs they turn into, in the engine's scheduler process."""
 
-    def __init__(self, config: BlendConfig, separator: Separator, content: ContentCuts | None = None) -> None:
+    def __init__(self, config: BlendConfig, separator: Separator, content: ContentCuts | None = None,
+                 num_layers: int = 0) -> None:
         self.config = config
         self.separator = separator
         self.content = content
+        self.check_cost = (config.check_layer + 1) / num_layers if num_layers > config.check_layer else 0.0
+        """The share of a full prefill the blend spends on every token, reused or not: the layers
+        below the check layer and the check layer's Q/K/V."""
         self.store = open_store(config)
         self._tracked: dict[str, _Tracked] = {}
 
@@ -90,7 +95,9 @@ class BlendScheduler:
             model_config.tokenizer, revision=model_config.tokenizer_revision,
             trust_remote_code=model_config.trust_remote_code,
         )
-        return cls(config, Separator.from_tokenizer(tokenizer, config.separator), content_cuts(tokenizer, config.chunk_size))
+        hf_config = getattr(model_config, "hf_text_config", None) or model_config.hf_config
+        return cls(config, Separator.from_tokenizer(tokenizer, config.separator), content_cuts(tokenizer, config.chunk_size),
+                   int(getattr(hf_config, "num_hidden_layers", 0) or 0))
 
     def salt(self, request: Any) -> bytes:
         return key_salt(self.config.model_identity, getattr(request, "cache_salt", None))
@@ -123,13 +130,20 @@ class BlendScheduler:
         )
         if not isinstance(plan, BlendPlan):
             return None
-        blend = plan.reused_tokens >= max(self.config.min_reused_tokens, prefix_hit_tokens + 1)
+        blend = plan.reused_tokens >= self.config.min_reused_tokens and self.blend_cost(plan) < len(prompt) - prefix_hit_tokens
         if blend or plan.to_store(self.config.chunk_size):
             self._tracked[request_id] = _Tracked(request, plan, blend)
         if blend:
             logger.debug("blending request %s: %s", request_id, plan.to_dict())
             return plan.external_tokens
         return None
+
+    def blend_cost(self, plan: BlendPlan) -> float:
+        """Tokens' worth of a full prefill the blend costs (every token up to the check layer, then
+        what it computes and recomputes), to weigh against what LMCache's prefix leaves to compute:
+        a prompt whose prefix hit covers nearly everything is cheaper served as a prefix, whatever
+        its segments."""
+        return plan.prompt_len * self.check_cost + plan.computed_tokens + plan.recomputed_tokens
 
     def is_blended(self, request_id: str) -> bool:
         tracked = self._tracked.get(request_id)

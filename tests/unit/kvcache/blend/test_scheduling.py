@@ -179,6 +179,10 @@ def test_documents_in_an_ordinary_prompt_are_found_by_their_content(tmp_path):
 
     second = request("c2", joined([2, 0, 1]))
     n = len(second.prompt_token_ids)
+    # LMCache's prefix leaves 30 tokens to compute: cheaper than blending 450 reused tokens at 0.25
+    assert sched.decide(request("c2-prefix", second.prompt_token_ids), prefix_hit_tokens=n - 30) is None
+    deep = BlendScheduler(config, Separator(SEP), cuts, num_layers=4)  # every token runs 2 of 4 layers first
+    assert deep.blend_cost(_plan_of(deep, second)) > n / 2
     assert sched.decide(second, prefix_hit_tokens=3) == n - 1
     (job,) = sched.jobs(new_step("c2", [9, 10, 11, 12, 13, 14, 15, 16], n - 1, 1))
     assert isinstance(job, BlendJob)
@@ -195,3 +199,11 @@ def test_documents_in_an_ordinary_prompt_are_found_by_their_content(tmp_path):
     (job,) = sched.jobs(new_step("c3", [1, 2, 3, 4, 5, 6, 7], 0, 1))
     # a document cut short: its head pieces are found, its new tail is stored (once)
     assert 0 < sum(length for _, length, _ in job.to_store) < 100
+
+
+def _plan_of(sched, req):
+    from lmi_server.kvcache.blend.plan import plan_prompt
+
+    return plan_prompt(req.prompt_token_ids, sched.separator, lambda ids: sched.store.cached_tokens(ids, sched.salt(req)),
+                       recompute_ratio=sched.config.recompute_ratio, chunk_size=sched.config.chunk_size,
+                       min_reused_tokens=0, content=sched.content)
