@@ -174,6 +174,29 @@ def spec_counters(url: str) -> dict[str, float]:
     return out
 
 
+def chat_level(url: str, bodies: list[dict], concurrency: int) -> tuple[list[RequestResult], dict]:
+    """Send chat `bodies` to `url` (a server's base URL) `concurrency` at a time and measure the
+    level: output tokens/s over its wall time, mean inter-token latency and TTFT, and vLLM's
+    speculation counters diffed around it (acceptance rate and mean acceptance length). Any failed
+    request fails the level."""
+    before = spec_counters(url)
+    results, wall = asyncio.run(run_concurrent(url + "/v1/chat/completions", bodies, concurrency))
+    after = spec_counters(url)
+    if not all(r.ok for r in results):
+        raise RuntimeError(f"failed requests: {[r.error for r in results if not r.ok][:3]}")
+    tokens = sum(r.output_tokens for r in results)
+    itl = [sum(r.itl_s) / len(r.itl_s) for r in results if r.itl_s]
+    d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
+    return results, {
+        "concurrency": concurrency, "requests": len(results), "output_tokens": tokens, "wall_s": round(wall, 2),
+        "output_tokens_per_s": round(tokens / wall, 2),
+        "mean_itl_ms": round(1000 * statistics.fmean(itl), 1) if itl else None,
+        "mean_ttft_ms": round(1000 * statistics.fmean(r.ttft_s for r in results), 1),
+        "acceptance_rate": round(d["num_accepted_tokens"] / d["num_draft_tokens"], 4) if d["num_draft_tokens"] else None,
+        "mean_acceptance_length": round(1 + d["num_accepted_tokens"] / d["num_drafts"], 3) if d["num_drafts"] else None,
+    }
+
+
 def machine() -> dict:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]}
 

@@ -21,10 +21,8 @@ mean acceptance length from vLLM's counters on /metrics (diffed around each leve
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    RESULTS, SPEC_COUNTERS, Server, free_port, machine, run_concurrent, save, spec_counters,
+    RESULTS, Server, chat_level, free_port, machine, save,
 )
 
 QUESTIONS = [
@@ -67,22 +65,9 @@ def run_level(url: str, concurrency: int, requests: int, max_tokens: int) -> dic
          "max_tokens": max_tokens, "temperature": 0}
         for i in range(requests)
     ]
-    before = spec_counters(url)
-    results, wall = asyncio.run(run_concurrent(url + "/v1/chat/completions", bodies, concurrency))
-    after = spec_counters(url)
-    ok = [r for r in results if r.ok]
-    if len(ok) != len(results):
-        raise RuntimeError(f"failed requests: {[r.error for r in results if not r.ok][:3]}")
-    tokens = sum(r.output_tokens for r in ok)
-    itl = [sum(r.itl_s) / len(r.itl_s) for r in ok if r.itl_s]
-    d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
+    _, level = chat_level(url, bodies, concurrency)
     return {
-        "concurrency": concurrency, "requests": len(ok), "output_tokens": tokens, "wall_s": round(wall, 2),
-        "output_tokens_per_s": round(tokens / wall, 2),
-        "mean_itl_ms": round(1000 * statistics.fmean(itl), 1) if itl else None,
-        "mean_ttft_ms": round(1000 * statistics.fmean(r.ttft_s for r in ok), 1),
-        "acceptance_rate": round(d["num_accepted_tokens"] / d["num_draft_tokens"], 4) if d["num_draft_tokens"] else None,
-        "mean_acceptance_length": round(1 + d["num_accepted_tokens"] / d["num_drafts"], 3) if d["num_drafts"] else None,
+        **level,
         "answer_sample": None,
     }
 

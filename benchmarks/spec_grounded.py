@@ -25,12 +25,10 @@ whether the text is identical to `none`'s at the same level.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import os
 import re
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -38,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    RESULTS, SPEC_COUNTERS, Server, free_port, machine, run_concurrent, save, spec_counters,
+    RESULTS, Server, chat_level, free_port, machine, save,
 )
 
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "spec_grounded.json"
@@ -79,21 +77,9 @@ def run_level(url: str, prompts: list[dict], concurrency: int, requests: int, ma
     picked = [i % len(prompts) for i in range(requests)]
     bodies = [{"messages": [{"role": "user", "content": prompts[i]["prompt"]}], "max_tokens": max_tokens, "temperature": 0}
               for i in picked]
-    before = spec_counters(url)
-    results, wall = asyncio.run(run_concurrent(url + "/v1/chat/completions", bodies, concurrency))
-    after = spec_counters(url)
-    if not all(r.ok for r in results):
-        raise RuntimeError(f"failed requests: {[r.error for r in results if not r.ok][:3]}")
-    tokens = sum(r.output_tokens for r in results)
-    itl = [sum(r.itl_s) / len(r.itl_s) for r in results if r.itl_s]
-    d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
+    results, level = chat_level(url, bodies, concurrency)
     return {
-        "concurrency": concurrency, "requests": len(results), "output_tokens": tokens, "wall_s": round(wall, 2),
-        "output_tokens_per_s": round(tokens / wall, 2),
-        "mean_itl_ms": round(1000 * statistics.fmean(itl), 1) if itl else None,
-        "mean_ttft_ms": round(1000 * statistics.fmean(r.ttft_s for r in results), 1),
-        "acceptance_rate": round(d["num_accepted_tokens"] / d["num_draft_tokens"], 4) if d["num_draft_tokens"] else None,
-        "mean_acceptance_length": round(1 + d["num_accepted_tokens"] / d["num_drafts"], 3) if d["num_drafts"] else None,
+        **level,
         "outputs": [{"prompt": i, "task": prompts[i]["task"], "tokens": r.output_tokens,
                      "sha1": hashlib.sha1(r.text.encode()).hexdigest()[:12], "text": r.text}
                     for i, r in zip(picked, results)],
