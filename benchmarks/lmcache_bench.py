@@ -156,7 +156,7 @@ def main() -> int:
     ap.add_argument("--ldp-contexts", type=int, default=6)
     ap.add_argument("--ldp-context-length", type=int, default=1000)
     ap.add_argument("--ldp-system-length", type=int, default=1000)
-    ap.add_argument("--ldp-permutations", type=int, default=8)
+    ap.add_argument("--ldp-permutations", type=int, default=10)
     ap.add_argument("--ldqa-documents", type=int, default=3)
     ap.add_argument("--ldqa-document-length", type=int, default=2000)
     ap.add_argument("--max-output", type=int, default=8)
