@@ -192,7 +192,7 @@ def workload(tokenizer, n_docs: int, doc_tokens: int, system_tokens: int, n_requ
     return {"system": system_prompt(tokenizer, system_tokens, seed), "docs": docs, "questions": questions, "orders": orders}
 
 
-JOIN = {"separator": None, "blank-lines": "\n\n"}
+JOIN = ("separator", "blank-lines")
 """How a prompt's documents are joined: the blend separator before each (and before the question),
 or blank lines as a RAG application writes them (the server then finds documents by their content)."""
 join_style = "separator"
@@ -354,7 +354,7 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--join", choices=list(JOIN), default="separator",
+    ap.add_argument("--join", choices=JOIN, default="separator",
                     help="documents after the blend separator, or joined by blank lines (no separator)")
     ap.add_argument("--name", default="blend_rag", help="results/NAME.{json,png}")
     ap.add_argument("--no-save", action="store_true", help="print only (a quick look)")

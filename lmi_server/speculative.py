@@ -62,7 +62,7 @@ the assistant at 1 client on grounded prompts, 4/6/8/10 draft tokens x lookup up
 acceptance length grows with the draft (3.8 / 4.9 / 5.5 / 6.3 tokens per step at 4 / 6 / 8 / 10 tokens) but so
 does the cost of verifying it; 8 and 10 were equally fast and 8 wastes less when a draft is rejected. The
 longest lookup changed nothing on these prompts; 5 accepted as much as 7 and more than 3."""
-NGRAM_TOKENS_BY_BATCH: list[tuple[int, int, int]] | None = [(1, 8, 8), (9, 4096, 0)]
+NGRAM_TOKENS_BY_BATCH: list[tuple[int, int, int]] = [(1, 8, 8), (9, 4096, 0)]
 """Prompt-lookup draft tokens by running batch size (vLLM's `num_speculative_tokens_per_batch_size`, which its
 n-gram proposer honours, 0 meaning no drafting) when option.num_speculative_tokens is unset. Measured with 8
 tokens at every batch size (results/spec_grounded.json, mode ngram_k8_max5_min2): on grounded prompts 2.03x /
@@ -102,8 +102,7 @@ def requested_config(
     if spec.speculative_method == "ngram":
         if spec.num_speculative_tokens is None:  # measured defaults; an explicit count drafts it at every batch size
             out["num_speculative_tokens"] = NGRAM_SPECULATIVE_TOKENS
-            if NGRAM_TOKENS_BY_BATCH:
-                out["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in NGRAM_TOKENS_BY_BATCH]
+            out["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in NGRAM_TOKENS_BY_BATCH]
         out.setdefault("prompt_lookup_max", NGRAM_PROMPT_LOOKUP_MAX)
         out.setdefault("prompt_lookup_min", NGRAM_PROMPT_LOOKUP_MIN)
     return out

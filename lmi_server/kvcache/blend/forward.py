@@ -216,8 +216,8 @@ def place_segments(
     local = torch.cat([torch.arange(n, device=reused.device) for n in lengths])
     rotation = rerotation(local, at, spec, int(at.numel()), reused.device)
     for layer, (k_out, v_out) in enumerate(layers):
-        k = torch.cat([seg_kv[layer][0] for _, seg_kv in pieces]) if len(pieces) > 1 else pieces[0][1][layer][0]
-        v = torch.cat([seg_kv[layer][1] for _, seg_kv in pieces]) if len(pieces) > 1 else pieces[0][1][layer][1]
+        k = torch.cat([seg_kv[layer][0] for _, seg_kv in pieces])
+        v = torch.cat([seg_kv[layer][1] for _, seg_kv in pieces])
         k_out.index_copy_(0, at, apply_rerotation(k.to(reused.device), rotation, spec).to(dtype))
         v_out.index_copy_(0, at, v.to(device=reused.device, dtype=dtype))
     return layers, reused

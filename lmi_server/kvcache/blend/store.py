@@ -151,7 +151,7 @@ class SegmentStore:
                     continue
                 entries.append((st.st_mtime, st.st_size, entry.path))
             total = sum(size for _, size, _ in entries)
-            removed = 0
+            gone: set[str] = set()
             for _, size, path in sorted(entries):
                 if total <= self.max_bytes:
                     break
@@ -159,11 +159,13 @@ class SegmentStore:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
-                for marker in Path(path).parent.glob(Path(path).name[: -len(SUFFIX)] + ".*" + CONTEXT_SUFFIX):
-                    marker.unlink(missing_ok=True)
+                gone.add(os.path.basename(path)[: -len(SUFFIX)])
                 total -= size
-                removed += 1
-            return removed
+            if gone:  # the exact markers go with the chunks they vouch for: one more directory scan
+                for entry in os.scandir(self.root):
+                    if entry.name.endswith(CONTEXT_SUFFIX) and entry.name.split(".", 1)[0] in gone:
+                        Path(entry.path).unlink(missing_ok=True)
+            return len(gone)
 
 
 def _chunk_entries(root: str | os.PathLike) -> list[os.DirEntry]:
