@@ -70,12 +70,18 @@ class GuardedLMCacheMPConnector(LMCacheMPConnector):
         external = blender.decide(request, prefix_hit_tokens=matched)
         if external is None:
             return matched, is_async
-        self._drop_prefix_hit(request)
+        self._blend_in_place_of_prefix(request, external, store=blender.stores_as_prefix(request.request_id))
         return external, False
 
-    def _drop_prefix_hit(self, request: Any) -> None:
-        """A blended request loads nothing through LMCache's prefix path and stores nothing there
-        (its KV past the check layer is blended, not a prefix's): free the lookup's locks."""
+    def _blend_in_place_of_prefix(self, request: Any, blended_tokens: int, *, store: bool) -> None:
+        """A blended request loads nothing through LMCache's prefix path: free the lookup's locks.
+
+        Its KV is still stored there as this prompt's prefix when `store` (the server's own ratio):
+        the blocks hold it once the blend has run, before the step's forward, and LMCache's store
+        reads them after the forward (`wait_for_save`). Telling LMCache that `blended_tokens` are
+        computed is what lets its store reach past the prefix hit. A later request on the same
+        prefix (the next question on a document) then takes a prefix hit instead of blending the
+        prompt again. A request that names its own ratio stores nothing there."""
         tracker = self.request_trackers.get(request.request_id)
         if tracker is None:
             return
@@ -85,7 +91,10 @@ class GuardedLMCacheMPConnector(LMCacheMPConnector):
                 request_id=request.request_id, cache_salt=tracker.cache_salt, request_configs=tracker.request_configs,
             )
         tracker.num_lmcache_hit_tokens = 0
-        tracker.max_offload_tokens = 0
+        if store:
+            tracker.num_scheduled_tokens = blended_tokens
+        else:
+            tracker.max_offload_tokens = 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         super().update_state_after_alloc(request, blocks, num_external_tokens)

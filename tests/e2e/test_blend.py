@@ -74,7 +74,9 @@ def test_reordered_documents_are_reused_and_answer_as_a_full_prefill(blend_serve
 
     reference = complete(blend_server, permuted, cache_salt="full-prefill")  # no stored document has this salt
     assert reference["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    blended_before = metric_value(metrics(blend_server), "lmi_blend_requests_total")
     exact = complete(blend_server, permuted, kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
+    assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == blended_before + 1  # blended, not a prefix hit
     assert exact["choices"][0]["text"] == reference["choices"][0]["text"]
     # the default ratio (0.15) keeps 85% of the documents' KV and still starts the same answer
     assert blended["choices"][0]["text"][:8] == reference["choices"][0]["text"][:8]
@@ -155,5 +157,26 @@ def test_documents_joined_by_blank_lines_are_found_by_their_content(blend_server
     assert metric_value(metrics(blend_server), "lmi_blend_stored_segments_total") == stored
     reference = ask([2, 0, 1], salt="content-full-prefill")
     assert reference.usage.prompt_tokens_details.cached_tokens == 0
+    blended_before = metric_value(metrics(blend_server), "lmi_blend_requests_total")
     exact = ask([2, 0, 1], kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
+    assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == blended_before + 1
     assert exact.choices[0].text == reference.choices[0].text
+
+
+def test_a_blended_prompt_asked_again_takes_the_prefix_not_a_second_blend(blend_server):
+    """The next question on documents that were blended (LMCache's long-doc-qa): the blended KV was
+    stored as the prompt's prefix, so LMCache serves it and nothing is blended again."""
+    docs = [d.strip("\n") for d in documents()]
+
+    def ask(order, question):
+        text = "Notes:\n\n" + "\n\n".join(docs[i] for i in order) + "\n\nQuestion: " + question
+        return complete(blend_server, text, cache_salt="asked-again")
+
+    assert ask([0, 1, 2], "what does parse_args return?")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    before = metric_value(metrics(blend_server), "lmi_blend_requests_total")
+    ask([1, 2, 0], "what does parse_args return?")
+    assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == before + 1
+    again = ask([1, 2, 0], "which errors does it raise?")
+    assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == before + 1  # not blended again
+    usage = again["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0.8 * usage["prompt_tokens"], usage

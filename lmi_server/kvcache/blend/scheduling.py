@@ -5,10 +5,11 @@ For every new request the connector asks `decide`: the prompt is cut at the sepa
 document boundaries the request gives, `kv_transfer_params.lmi_blend_boundaries`; where it has
 neither, where its content says: `segments.split_at_content`) and each segment looked up in the segment store (`store.py`). Where the cached segments cover at least
 `min_reused_tokens` and the blend would compute less than what LMCache's prefix hit leaves to
-compute (`blend_cost`), the request is *blended*: the connector
-reports every prompt token but the last as loaded synchronously, vLLM allocates blocks for the
-whole prompt and schedules the last token, and the worker, before that step's forward, fills the
-blocks with the blended KV (`worker.py`). A prompt with segments but too little of them cached
+compute (`blend_cost`; a request that names its own ratio skips this rule), the request is
+*blended*: the connector reports every prompt token but the last as loaded synchronously, vLLM
+allocates blocks for the whole prompt and schedules the last token, and the worker, before that
+step's forward, fills the blocks with the blended KV (`worker.py`); LMCache then stores that KV as
+the prompt's prefix (`stores_as_prefix`). A prompt with segments but too little of them cached
 is served as usual and its segments are *stored* from the paged KV once its prefill is done, so
 the next prompt that holds them (in any order) reuses them.
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from lmi_server.kvcache.blend.plan import BlendPlan, SegmentReuse, plan_prompt
 from lmi_server.kvcache.blend.segments import ContentCuts, ContextKeys, Separator, key_salt
-from lmi_server.kvcache.blend.settings import BlendConfig, prompt_boundaries, request_ratio
+from lmi_server.kvcache.blend.settings import RATIO_PARAM, BlendConfig, prompt_boundaries, request_ratio
 from lmi_server.kvcache.blend.store import SegmentStore
 
 logger = logging.getLogger("lmi_server.kvcache.blend")
@@ -67,6 +68,8 @@ class _Tracked:
     request: Any
     plan: BlendPlan
     blend: bool
+    own_ratio: bool = False
+    """The request named its own recompute ratio (`kv_transfer_params`)."""
     block_ids: list[int] = field(default_factory=list)
     done: bool = False
 
@@ -114,6 +117,7 @@ class BlendScheduler:
             return None  # resumed with output tokens: the plain path
         salt = self.salt(request)
         params = getattr(request, "kv_transfer_params", None)
+        own_ratio = isinstance(params, dict) and params.get(RATIO_PARAM) is not None
         try:
             ratio = request_ratio(params, self.config.recompute_ratio)
             boundaries = prompt_boundaries(params, len(prompt))
@@ -130,9 +134,12 @@ class BlendScheduler:
         )
         if not isinstance(plan, BlendPlan):
             return None
-        blend = plan.reused_tokens >= self.config.min_reused_tokens and self.blend_cost(plan) < len(prompt) - prefix_hit_tokens
+        # A request that names its ratio asked for a blend at that ratio: it gets one whenever its
+        # segments are found (the cost rule is the server's choice for the others).
+        blend = plan.reused_tokens >= self.config.min_reused_tokens and (
+            own_ratio or self.blend_cost(plan) < len(prompt) - prefix_hit_tokens)
         if blend or plan.to_store(self.config.chunk_size):
-            self._tracked[request_id] = _Tracked(request, plan, blend)
+            self._tracked[request_id] = _Tracked(request, plan, blend, own_ratio)
         if blend:
             logger.debug("blending request %s: %s", request_id, plan.to_dict())
             return plan.external_tokens
@@ -144,6 +151,13 @@ class BlendScheduler:
         a prompt whose prefix hit covers nearly everything is cheaper served as a prefix, whatever
         its segments."""
         return plan.prompt_len * self.check_cost + plan.computed_tokens + plan.recomputed_tokens
+
+    def stores_as_prefix(self, request_id: str) -> bool:
+        """Whether a blended request's KV is stored in LMCache as its prompt's prefix: yes at the
+        server's ratio, so LMCache's prefixes hold either exact KV or KV blended as the server
+        blends; not for a request that named its own ratio."""
+        tracked = self._tracked.get(request_id)
+        return tracked is not None and tracked.blend and not tracked.own_ratio
 
     def is_blended(self, request_id: str) -> bool:
         tracked = self._tracked.get(request_id)

@@ -70,3 +70,49 @@ def test_the_connector_installs_block_wise_kv_copies(monkeypatch):
     monkeypatch.setattr(LMCacheMPConnector, "__init__", lambda self, *a, **k: None)
     GuardedLMCacheMPConnector()
     assert getattr(mp_mem_kernels._transfer_per_layer_fused, "lmi_block_copy", False)
+
+
+class _SchedulerAdapter:
+    def __init__(self):
+        self.freed: list[tuple[int, int]] = []
+
+    def free_lookup_locks(self, token_ids, start, end, **_):
+        self.freed.append((start, end))
+
+
+def _blended_tracker(monkeypatch, *, hit: int, store: bool):
+    """A real LMCache tracker for a 1,000-token prompt whose lookup hit `hit` tokens, then blended."""
+    from types import SimpleNamespace
+
+    from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestTracker
+
+    monkeypatch.setattr(LMCacheMPConnector, "__init__", lambda self, *a, **k: None)
+    connector = GuardedLMCacheMPConnector()
+    connector.scheduler_adapter = _SchedulerAdapter()
+    prompt = list(range(1, 1001))
+    request = SimpleNamespace(request_id="r", cache_salt=None, all_token_ids=prompt, num_prompt_tokens=len(prompt),
+                              prompt_token_ids=prompt, kv_transfer_params=None, sampling_params=None, mm_features=None)
+    tracker = LMCacheMPRequestTracker(request)
+    tracker.num_stored_tokens = tracker.num_lmcache_hit_tokens = hit  # what LMCache's lookup sets
+    tracker.allocated_block_ids = {0: list(range(1000 // 16 + 1))}
+    connector.request_trackers = {"r": tracker}
+    connector._blend_in_place_of_prefix(request, len(prompt) - 1, store=store)
+    tracker.increase_num_scheduled_tokens(1)  # the step that schedules the last token (the blend runs first)
+    return connector, tracker
+
+
+def test_a_blended_prompt_is_stored_as_its_prefix_past_the_hit(monkeypatch):
+    """The next question on the same document takes LMCache's prefix hit instead of a second blend."""
+    from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
+
+    connector, tracker = _blended_tracker(monkeypatch, hit=256, store=True)
+    assert connector.scheduler_adapter.freed == [(0, 256)] and tracker.num_lmcache_hit_tokens == 0  # nothing loaded
+    meta = LMCacheMPRequestMetadata.GetStoreMetadata(tracker, 256, [16])
+    assert meta is not None and (meta.op.start, meta.op.end) == (256, 768)  # whole chunks past the hit
+
+
+def test_a_request_with_its_own_ratio_stores_no_prefix(monkeypatch):
+    from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
+
+    _, tracker = _blended_tracker(monkeypatch, hit=0, store=False)
+    assert LMCacheMPRequestMetadata.GetStoreMetadata(tracker, 256, [16]) is None

@@ -207,3 +207,25 @@ def _plan_of(sched, req):
     return plan_prompt(req.prompt_token_ids, sched.separator, lambda ids: sched.store.cached_tokens(ids, sched.salt(req)),
                        recompute_ratio=sched.config.recompute_ratio, chunk_size=sched.config.chunk_size,
                        min_reused_tokens=0, content=sched.content)
+
+
+def test_a_request_naming_its_ratio_is_blended_and_stores_no_prefix(tmp_path):
+    """The cost rule is the server's choice: a request that names its own ratio gets the blend it
+    asked for (ratio 1 costs more than LMCache's prefix, and is still blended, so that it can be
+    checked against a full prefill); its KV is not stored as LMCache's prefix. A blend at the
+    server's ratio is (the next question on the same documents takes LMCache's prefix hit)."""
+    sched = scheduler(tmp_path)
+    warm = request("w", prompt([0, 1, 2]))
+    sched.decide(warm, 0)
+    (job,) = sched.jobs(new_step("w", [1, 2, 3], 0, len(warm.prompt_token_ids)))
+    store_job_kv(sched, job)
+    ids = prompt([1, 2, 0])
+    own = request("own", ids)
+    own.kv_transfer_params = {"lmi_blend_recompute_ratio": 1.0}
+    assert sched.decide(own, prefix_hit_tokens=len(ids) - 2) == len(ids) - 1
+    assert not sched.stores_as_prefix("own")
+    server = request("server", ids)
+    assert sched.decide(server, prefix_hit_tokens=0) == len(ids) - 1
+    assert sched.stores_as_prefix("server")
+    assert sched.decide(request("near", ids), prefix_hit_tokens=len(ids) - 2) is None  # the prefix is cheaper
+    assert not sched.stores_as_prefix("near")
