@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from lmi_server.api import adapter_wiring, kinds
 from lmi_server.api.admission import Admission, AdmissionReleaseMiddleware
 from lmi_server.api.lifecycle import engine_watchdog
+from lmi_server.api.media import MediaPolicy
 from lmi_server.api.openapi import install_openapi
 from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
 from lmi_server.api.errors import install_error_handlers
@@ -124,6 +125,13 @@ def create_app(
 
     app = FastAPI(title="lmi_server", lifespan=lifespan)
     app.state.config = cfg
+    app.state.media_policy = MediaPolicy.from_options(
+        allowed_domains=cfg.engine_args.get("allowed_media_domains"), max_image_bytes=cfg.server.max_image_bytes,
+        max_image_pixels=cfg.server.max_image_pixels, limit_mm_per_prompt=cfg.engine_args.get("limit_mm_per_prompt"),
+    )
+    if app.state.media_policy.allowed_domains:
+        # an allowed host must not redirect vLLM's fetch to one that is not
+        os.environ.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
     app.state.runtime = runtime
     app.state.engine_owner = owner
     app.state.tenants = Tenants.from_config(cfg, api_keys)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -9,6 +11,7 @@ from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validated
 from lmi_server.api.generation import admit, as_response, call_serving, engine_state, served_name
 from lmi_server.api.lmi_formatters import apply_payload_formatter
+from lmi_server.api.media import check_messages
 from lmi_server.api.admission import BadPriority
 from lmi_server.api.tenants import body_priority
 from lmi_server.kvcache.blend.settings import prompt_boundaries, request_boundaries, request_ratio
@@ -93,6 +96,8 @@ async def _generate(request: Request, parsed, headers: dict[str, str] | None, cr
     """Resolve the model/adapter, call one of vLLM's serving methods, shape the response."""
     state = engine_state(request)
     reject_foreign_messages(parsed, state)
+    if getattr(getattr(state.engine, "model_config", None), "is_multimodal_model", False):
+        await asyncio.to_thread(check_messages, getattr(parsed, "messages", None) or [], request.app.state.media_policy)
     lmi_model_alias(parsed, state)
     await request.app.state.model_resolver(request, parsed)
     request.app.state.cache_salter(request, parsed)

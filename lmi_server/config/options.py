@@ -35,6 +35,17 @@ class ServerOptions(BaseModel):
     max_request_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="Largest accepted request body; larger bodies get 413."
     )
+    max_image_bytes: int = Field(
+        10 * 1024 * 1024, gt=0,
+        description="Largest image a chat message may carry (data: URL, counted before decoding); larger is a 400. "
+        "Images are also limited by option.max_request_bytes, by option.limit_mm_per_prompt (default 8 images "
+        "per request) and to data: URLs unless vLLM's option.allowed_media_domains names hosts to fetch from.",
+    )
+    max_image_pixels: int = Field(
+        16 * 1024 * 1024, gt=0,
+        description="Most pixels (width x height, read from the image's header before decoding) an image may "
+        "have; more is a 400.",
+    )
     cpu_kv_cache_space: int | None = Field(
         None,
         ge=1,
