@@ -112,6 +112,10 @@ class BlendScheduler:
         self._tracked.pop(request_id, None)
         if getattr(request, "lora_request", None) is not None:
             return None  # LoRA layers need the engine's batch metadata; the blend forward has none
+        if getattr(request, "mm_features", None):
+            # an image is a run of identical placeholder tokens: segments keyed by token ids cannot
+            # tell two pictures apart (LMCache's prefix keys can: it folds the images' hashes in)
+            return None
         prompt = list(request.prompt_token_ids or ())
         if len(prompt) != request.num_tokens:
             return None  # resumed with output tokens: the plain path

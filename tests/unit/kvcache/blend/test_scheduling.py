@@ -101,6 +101,9 @@ def test_what_stays_on_the_usual_path(tmp_path):
     ids = prompt([1, 2, 0])
     assert sched.decide(request("lora", ids, lora=object()), 0) is None
     assert sched.decide(request("salted", ids, salt="other-tenant"), 0) is None
+    with_image = request("image", ids)
+    with_image.mm_features = [object()]  # placeholder tokens: the same ids for any picture
+    assert sched.decide(with_image, 0) is None
     assert sched.decide(request("prefix", ids), prefix_hit_tokens=len(ids)) is None  # LMCache's prefix covers more
     assert sched.decide(request("one", DOCS[0] + QUERY), 0) is None  # no separator: nothing to blend
     assert not sched.jobs(new_step("one", [1], 0, 11))
