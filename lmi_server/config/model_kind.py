@@ -54,9 +54,13 @@ class ModelKind(BaseModel):
 
     name: Kind
     reason: str
+    vision: bool = False
+    """The model reads images too (its config.json has a vision encoder): image_url parts in chat."""
 
     @property
     def serves(self) -> str:
+        if self.vision:
+            return SERVES[self.name] + "; images in chat messages (image_url parts: data: URLs, checked by option.max_image_bytes, option.max_image_pixels, option.limit_mm_per_prompt)"
         return SERVES[self.name]
 
     def describe(self) -> dict[str, str]:
@@ -104,7 +108,9 @@ def decide_kind(engine_args: dict[str, Any], model_path: str | None, *, builtin:
     for architecture in architectures if isinstance(architectures, list) else []:
         kind = kind_of_architecture(str(architecture))
         if kind is not None:
-            return ModelKind(name=kind, reason=f"config.json architecture {architecture}: vLLM's default for it")
+            vision = kind == "generate" and isinstance(config.get("vision_config"), dict)
+            return ModelKind(name=kind, reason=f"config.json architecture {architecture}: vLLM's default for it"
+                             + (", with a vision encoder (vision_config)" if vision else ""), vision=vision)
     return ModelKind(name="generate", reason="config.json names no architecture vLLM classifies; vLLM's fallback is generate")
 
 

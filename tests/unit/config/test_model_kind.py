@@ -115,3 +115,14 @@ def test_lmi_server_config_shows_the_kind_and_why(tmp_path):
     assert "/v1/embeddings" in described["model_kind"]["serves"]
     assert described["vllm_engine_args"]["pooler_config"] == {"use_activation": False}
     assert described["vllm_engine_args"]["dtype"] == "float32"  # sentence-transformers' own vectors
+
+
+def test_a_vision_language_model_is_said_to_read_images(tmp_path):
+    d = model(tmp_path, "Qwen2VLForConditionalGeneration")
+    (d / "config.json").write_text(json.dumps({"architectures": ["Qwen2VLForConditionalGeneration"],
+                                               "vision_config": {"depth": 2}}))
+    cfg = build_serving_config({"option.model_id": str(d)}, tmp_path)
+    assert cfg.kind.name == "generate" and cfg.kind.vision
+    assert "vision_config" in cfg.kind.reason and "images in chat" in cfg.kind.describe()["serves"]
+    text = build_serving_config({"option.model_id": str(model(tmp_path, "LlamaForCausalLM"))}, tmp_path).kind
+    assert not text.vision and "images" not in text.serves
