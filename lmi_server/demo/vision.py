@@ -33,12 +33,50 @@ def vlm_dir() -> Path:
 _PATCHED = False
 
 
+class NoVideoProcessor(dict):
+    """Stands for a video processor where torchvision is missing: it names the keyword arguments a
+    video processor takes (vLLM reads them) and refuses any video."""
+
+    def __init__(self) -> None:
+        from transformers.processing_utils import VideosKwargs
+
+        super().__init__()
+        self.valid_kwargs = VideosKwargs
+
+    def __call__(self, *args, **kwargs):
+        raise ValueError("videos need torchvision, which is not installed; this server reads images only")
+
+    def to_dict(self) -> dict:
+        return {}
+
+
 def torchvision_usable() -> bool:
     try:
         import torchvision  # noqa: F401
     except Exception:  # absent, or a CUDA build that fails beside torch+cpu
         return False
     return True
+
+
+def _alias_torchvision_free_image_module() -> None:
+    """vLLM's qwen2_vl model file imports smart_resize from transformers' torchvision image processor
+    module, whose import fails without torchvision; the PIL module has the same function."""
+    import importlib
+    import sys
+    import types
+
+    name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+    try:
+        importlib.import_module(name)
+        return
+    except ImportError:
+        sys.modules.pop(name, None)
+    pil = importlib.import_module("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    alias = types.ModuleType(name, "torchvision-free stand-in (lmi_server.demo.vision)")
+    alias.smart_resize = pil.smart_resize
+    alias.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil
+    alias.__getattr__ = lambda attr: getattr(pil, attr)
+    sys.modules[name] = alias
 
 
 def allow_image_only_processors() -> bool:
@@ -53,6 +91,7 @@ def allow_image_only_processors() -> bool:
         return True
     if torchvision_usable():
         return False
+    _alias_torchvision_free_image_module()
     # The real class (transformers' top-level AutoVideoProcessor is a placeholder without torchvision).
     from transformers.models.auto.video_processing_auto import AutoVideoProcessor
     from transformers.processing_utils import ProcessorMixin
@@ -64,10 +103,10 @@ def allow_image_only_processors() -> bool:
         try:
             return auto_from_pretrained(cls, *args, **kwargs)
         except ImportError:  # the video processor class requires torchvision
-            return None
+            return NoVideoProcessor()
 
     def check_argument_for_proper_class(self, argument_name, argument):
-        if argument is None and argument_name == "video_processor":
+        if argument_name == "video_processor" and (argument is None or isinstance(argument, NoVideoProcessor)):
             return None
         return check(self, argument_name, argument)
 
