@@ -237,12 +237,6 @@ def plan_blend(
             "option.lmcache_blend cannot be combined with speculative decoding: the draft model has no KV for the "
             "blended prompt; remove option.speculative_config / option.speculative_method or the blend option"
         ])
-    if engine_args.get("enable_prefix_caching"):
-        raise ConfigError([
-            "option.lmcache_blend turns vLLM's prefix caching off (a blended prompt's blocks must not be reused as an "
-            "exact prefix); remove option.enable_prefix_caching=true (LMCache still serves prefixes)"
-        ])
-    engine_args["enable_prefix_caching"] = False
     chunk = kv_plan.tiers.chunk_size if kv_plan.tiers is not None else DEFAULT_CHUNK_SIZE
     opts = cfg.lmcache
     blend_config = BlendConfig(

@@ -145,8 +145,8 @@ class LMCacheOptions(BaseModel):
         False,
         description="CacheBlend: reuse the KV of prompt segments wherever they appear, not only as a prefix "
         "(the LMCache file's `enable_blending`); documents are found in ordinary prompts by their content, no "
-        "separator needed. Needs LMCache in MP mode and a Llama, Qwen2 or Qwen3 model; turns "
-        "vLLM's own prefix caching off (LMCache still serves prefixes) and cannot be combined with speculative "
+        "separator needed. Needs LMCache in MP mode and a Llama, Qwen2 or Qwen3 model; works beside vLLM's own "
+        "prefix caching (a blend starts where vLLM's prefix hit ends) and cannot be combined with speculative "
         "decoding. See the README's CacheBlend section for what it costs in quality.",
     )
     lmcache_blend_separator: str = Field(

@@ -65,9 +65,11 @@ class GuardedLMCacheMPConnector(LMCacheMPConnector):
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         matched, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         blender = self._blend_scheduler
-        if blender is None or matched is None or num_computed_tokens:
+        if blender is None or matched is None:
             return matched, is_async
-        external = blender.decide(request, prefix_hit_tokens=matched)
+        # vLLM's prefix cache holds `num_computed_tokens` (block-aligned): a blend keeps them as they are
+        external = blender.decide(request, prefix_hit_tokens=num_computed_tokens + matched,
+                                  local_hit_tokens=num_computed_tokens)
         if external is None:
             return matched, is_async
         self._blend_in_place_of_prefix(request, external, store=blender.stores_as_prefix(request.request_id))

@@ -4,7 +4,8 @@ A prompt of documents (each after the separator) is served as usual the first ti
 documents are stored; the same documents in another order are then blended: the usage reports
 their tokens as cached and /metrics counts them. With every reused token recomputed (ratio 1 for
 one request) the blended path answers exactly as a full prefill of the same prompt; the full
-prefill is the same prompt under another cache salt, which no stored document matches."""
+prefill is the same prompt under another cache salt, which no stored document matches. vLLM's
+prefix cache is on: a blend keeps the prompt head it holds."""
 
 from __future__ import annotations
 
@@ -74,12 +75,15 @@ def test_reordered_documents_are_reused_and_answer_as_a_full_prefill(blend_serve
 
     reference = complete(blend_server, permuted, cache_salt="full-prefill")  # no stored document has this salt
     assert reference["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    blended_before = metric_value(metrics(blend_server), "lmi_blend_requests_total")
-    exact = complete(blend_server, permuted, kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
-    assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == blended_before + 1  # blended, not a prefix hit
-    assert exact["choices"][0]["text"] == reference["choices"][0]["text"]
     # the default ratio (0.15) keeps 85% of the documents' KV and still starts the same answer
     assert blended["choices"][0]["text"][:8] == reference["choices"][0]["text"][:8]
+
+    # ratio 1, in an order not served before (the blended prompt's own blocks would be a prefix hit)
+    other = prompt([1, 2, 0])
+    blended_before = metric_value(metrics(blend_server), "lmi_blend_requests_total")
+    exact = complete(blend_server, other, kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
+    assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == blended_before + 1  # blended
+    assert exact["choices"][0]["text"] == complete(blend_server, other, cache_salt="full-prefill")["choices"][0]["text"]
 
 
 def test_a_bad_per_request_ratio_is_a_400_and_the_server_keeps_serving(blend_server):
@@ -155,17 +159,17 @@ def test_documents_joined_by_blank_lines_are_found_by_their_content(blend_server
     assert blended.usage.prompt_tokens_details.cached_tokens > 0.5 * blended.usage.prompt_tokens, blended.usage
     # nothing new in the permuted prompt: no piece stored twice
     assert metric_value(metrics(blend_server), "lmi_blend_stored_segments_total") == stored
-    reference = ask([2, 0, 1], salt="content-full-prefill")
+    reference = ask([1, 2, 0], salt="content-full-prefill")
     assert reference.usage.prompt_tokens_details.cached_tokens == 0
     blended_before = metric_value(metrics(blend_server), "lmi_blend_requests_total")
-    exact = ask([2, 0, 1], kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
+    exact = ask([1, 2, 0], kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
     assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == blended_before + 1
     assert exact.choices[0].text == reference.choices[0].text
 
 
 def test_a_blended_prompt_asked_again_takes_the_prefix_not_a_second_blend(blend_server):
-    """The next question on documents that were blended (LMCache's long-doc-qa): the blended KV was
-    stored as the prompt's prefix, so LMCache serves it and nothing is blended again."""
+    """The next question on documents that were blended (LMCache's long-doc-qa): the blended prompt's
+    KV stays a prefix (vLLM's prefix cache, and LMCache's store of it), so nothing is blended again."""
     docs = [d.strip("\n") for d in documents()]
 
     def ask(order, question):
@@ -180,3 +184,21 @@ def test_a_blended_prompt_asked_again_takes_the_prefix_not_a_second_blend(blend_
     assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == before + 1  # not blended again
     usage = again["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] > 0.8 * usage["prompt_tokens"], usage
+
+
+def test_a_blend_past_vllms_prefix_hit_answers_as_a_full_prefill(blend_server):
+    """The same first document, the others swapped (LMCache's long-doc-permutator, whose system
+    prompt always leads): vLLM's prefix cache holds the head, the blend keeps it and reuses the rest;
+    at ratio 1 the answer is the full prefill's."""
+    docs = [d.strip("\n") for d in documents()]
+
+    def ask(order, salt="held-prefix", **extra):
+        text = "Notes:\n\n" + "\n\n".join(docs[i] for i in order) + "\n\ndef parse_known_args(self, args=None"
+        return complete(blend_server, text, cache_salt=salt, **extra)
+
+    ask([0, 1, 2])
+    before = metric_value(metrics(blend_server), "lmi_blend_requests_total")
+    exact = ask([0, 2, 1], kv_transfer_params={"lmi_blend_recompute_ratio": 1.0})
+    assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == before + 1
+    assert exact["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the held head is kept
+    assert exact["choices"][0]["text"] == ask([0, 2, 1], salt="held-prefix-full")["choices"][0]["text"]

@@ -74,6 +74,9 @@ class BlendPlan:
     pieces: bool = False
     """Cut where the content says (`segments.split_at_content`): every segment is one chunk at most
     and is stored whole, its tail included; else documents, stored in whole chunks."""
+    prefix: int = 0
+    """Tokens `[0, prefix)` whose KV vLLM's prefix cache already holds in the request's blocks: kept
+    as they are (exact here), neither loaded nor written; segments start at or after it."""
 
     @property
     def external_tokens(self) -> int:
@@ -83,17 +86,24 @@ class BlendPlan:
     def reused_offsets(self) -> list[int]:
         """Prompt offsets whose KV comes from the cache (re-rotated to here), the last token never."""
         last = self.prompt_len - 1
-        return [i for seg in self.segments for i in range(seg.start, seg.start + seg.cached) if i < last]
+        held = list(range(min(self.prefix, last)))
+        return held + [i for seg in self.segments for i in range(seg.start, seg.start + seg.cached) if i < last]
 
     @property
     def reused_tokens(self) -> int:
         return len(self.reused_offsets())
 
     @property
+    def segment_reused_tokens(self) -> int:
+        """Reused tokens that come from cached segments (not from vLLM's prefix cache)."""
+        return self.reused_tokens - min(self.prefix, self.prompt_len - 1)
+
+    @property
     def exact_tokens(self) -> int:
         """Reused tokens whose KV is exact where it stands (not candidates for recomputation)."""
         last = self.prompt_len - 1
-        return sum(min(seg.end, last) - seg.start for seg in self.segments if seg.exact and seg.start < last)
+        return min(self.prefix, last) + sum(
+            min(seg.end, last) - seg.start for seg in self.segments if seg.exact and seg.start < last)
 
     @property
     def computed_tokens(self) -> int:
@@ -122,6 +132,7 @@ class BlendPlan:
             "computed_tokens": self.computed_tokens,
             "recomputed_tokens": self.recomputed_tokens,
             "cut": "content" if self.pieces else "documents",
+            "prefix_cached": self.prefix,
         }
 
 
@@ -136,6 +147,7 @@ def plan_prompt(
     boundaries: Sequence[int] | None = None,
     content: ContentCuts | None = None,
     exact: Callable[[Segment], bool] | None = None,
+    prefix: int = 0,
 ) -> BlendPlan | None | _Pending:
     """The plan for `token_ids`, cut at the document `boundaries` the request gave, else at the
     separator, else (where the prompt holds no separator and `content` is given) where its content
@@ -156,6 +168,9 @@ def plan_prompt(
             segments, pieces = split_at_content(token_ids, content), True
     if len(segments) < 2:
         return None
+    # vLLM's prefix cache holds [0, prefix): segments inside it are not looked up; one that
+    # straddles it is computed past it (and not stored: what is stored is whole segments)
+    segments = [seg for seg in segments if seg.start >= prefix]
     smallest = MIN_SEGMENT if pieces else chunk_size
     answers: list[int | None] = [lookup(seg.token_ids) if len(seg) >= smallest else 0 for seg in segments]
     if any(answer is None for answer in answers):
@@ -166,8 +181,8 @@ def plan_prompt(
             SegmentReuse(r.start, r.length, r.cached, True) if r.cached == r.length and exact(seg) else r
             for r, seg in zip(reuse, segments)
         )
-    plan = BlendPlan(len(token_ids), reuse, recompute_ratio, pieces)
-    if plan.reused_tokens < min_reused_tokens:
+    plan = BlendPlan(len(token_ids), reuse, recompute_ratio, pieces, prefix)
+    if plan.segment_reused_tokens < min_reused_tokens:
         return None
     return plan
 

@@ -46,6 +46,8 @@ class BlendJob:
     """Segments that missed, stored from the blended prefill's KV (the plan's `to_store`)."""
     exact: list[tuple[int, int]] = field(default_factory=list)
     """(start, length) of segments whose cached KV is exact here: kept, not recomputation candidates."""
+    prefix: int = 0
+    """Tokens at the prompt's head whose KV vLLM's prefix cache put in the blocks: read, kept, not written."""
 
 
 @dataclass
@@ -105,9 +107,11 @@ class BlendScheduler:
     def salt(self, request: Any) -> bytes:
         return key_salt(self.config.model_identity, getattr(request, "cache_salt", None))
 
-    def decide(self, request: Any, prefix_hit_tokens: int) -> int | None:
-        """Tokens to report as loaded (every prompt token but the last) when this request is blended;
-        None when it is served as usual (its segments then stored after its prefill, if any is new)."""
+    def decide(self, request: Any, prefix_hit_tokens: int, local_hit_tokens: int = 0) -> int | None:
+        """Tokens to report as loaded (every prompt token but the last, past the `local_hit_tokens`
+        vLLM's prefix cache holds) when this request is blended; None when it is served as usual (its
+        segments then stored after its prefill, if any is new). `prefix_hit_tokens`: the whole
+        prefix hit, vLLM's and LMCache's."""
         request_id = request.request_id
         self._tracked.pop(request_id, None)
         if getattr(request, "lora_request", None) is not None:
@@ -135,18 +139,19 @@ class BlendScheduler:
             prompt, self.separator, lambda ids: self.store.cached_tokens(ids, salt),
             recompute_ratio=ratio, chunk_size=self.config.chunk_size, min_reused_tokens=0, boundaries=boundaries,
             content=self.content, exact=lambda seg: self.store.is_exact(seg.token_ids, salt, contexts.at(seg.end)),
+            prefix=local_hit_tokens,
         )
         if not isinstance(plan, BlendPlan):
             return None
         # A request that names its ratio asked for a blend at that ratio: it gets one whenever its
         # segments are found (the cost rule is the server's choice for the others).
-        blend = plan.reused_tokens >= self.config.min_reused_tokens and (
+        blend = plan.segment_reused_tokens >= self.config.min_reused_tokens and (
             own_ratio or self.blend_cost(plan) < len(prompt) - prefix_hit_tokens)
         if blend or plan.to_store(self.config.chunk_size):
             self._tracked[request_id] = _Tracked(request, plan, blend, own_ratio)
         if blend:
             logger.debug("blending request %s: %s", request_id, plan.to_dict())
-            return plan.external_tokens
+            return plan.external_tokens - local_hit_tokens
         return None
 
     def blend_cost(self, plan: BlendPlan) -> float:
@@ -205,7 +210,7 @@ class BlendScheduler:
             return [BlendJob(request_id, list(request.prompt_token_ids), list(tracked.block_ids),
                              [_triple(s) for s in plan.segments], self.salt(request), plan.recompute_ratio,
                              [_triple(s) for s in plan.to_store(self.config.chunk_size)],
-                             [(s.start, s.length) for s in plan.segments if s.exact])]
+                             [(s.start, s.length) for s in plan.segments if s.exact], plan.prefix)]
         if computed_after_step < plan.prompt_len:
             return []
         tracked.done = True
@@ -241,7 +246,8 @@ def _report_cached_tokens(request: Any, plan: BlendPlan) -> None:
     if stats is None:
         return
     kept = max(0, plan.reused_tokens - plan.recomputed_tokens)
+    local = min(plan.prefix, kept)
     stats.num_cached_tokens = kept
-    stats.num_external_cached_tokens = kept
-    stats.num_local_cached_tokens = 0
+    stats.num_external_cached_tokens = kept - local
+    stats.num_local_cached_tokens = local
     stats.num_computed_tokens = stats.num_prompt_tokens - kept

@@ -141,26 +141,34 @@ class BlendWorker:
             n, pieces, self.spec, num_layers=adapter.num_layers, num_kv_heads=adapter.num_kv_heads,
             head_dim=adapter.head_dim, dtype=dtype,
         )
-        clock.lap("place")
         exact = torch.zeros(n, dtype=torch.bool)
+        if job.prefix:
+            # vLLM's prefix cache already holds these tokens' KV in the request's first blocks
+            held = paged.slot_mapping(job.block_ids, 0, job.prefix, self.block_size)
+            for (k, v), layer in zip(reused_kv, self.layers):
+                k[: job.prefix], v[: job.prefix] = paged.gather(layer, held)
+            reused[: job.prefix] = True
+            exact[: job.prefix] = True
+        clock.lap("place")
         for start, length in job.exact:
             exact[start : start + length] = True
         result = forward.blend_prefill(adapter, job.token_ids, reused_kv, reused, ratio=job.recompute_ratio,
                                        check_layer=self.config.check_layer, exact=exact & reused)
         clock.lap("forward")
-        slots = paged.slot_mapping(job.block_ids, 0, n - 1, self.block_size)
+        slots = paged.slot_mapping(job.block_ids, job.prefix, n - 1 - job.prefix, self.block_size)
         for layer, (k, v) in zip(self.layers, result.kv):
-            paged.scatter(layer, slots, k[: n - 1], v[: n - 1])
+            paged.scatter(layer, slots, k[job.prefix : n - 1], v[job.prefix : n - 1])  # shared prefix blocks stay as they are
         clock.lap("scatter")
-        n_reused = int(reused.sum())
+        n_reused = int(reused.sum()) - job.prefix  # from segments; the prefix is vLLM's own
         recomputed = int(reused[result.selected].sum()) if n_reused else 0
         stored, written = self._store_missed(job, result.kv)
         clock.lap("store")
         self.counters.add(blended_requests=1, reused_tokens=n_reused - recomputed, recomputed_tokens=recomputed,
-                          computed_tokens=n - n_reused, stored_segments=stored, stored_bytes=written,
+                          computed_tokens=n - n_reused - job.prefix, stored_segments=stored, stored_bytes=written,
                           missed_loads=missed, blend_seconds=clock.total)
-        logger.info("blended request %s: %d tokens, %d reused, %d of them recomputed, %d computed; %s",
-                    job.request_id, n, n_reused - recomputed, recomputed, n - n_reused, clock)
+        logger.info("blended request %s: %d tokens, %d held by vLLM's prefix cache, %d reused, %d of them recomputed, "
+                    "%d computed; %s", job.request_id, n, job.prefix, n_reused - recomputed, recomputed,
+                    n - n_reused - job.prefix, clock)
 
     def _store_missed(self, job: BlendJob, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int]:
         """Store the segments the plan says missed, from the blended prefill's own KV (those tokens

@@ -79,12 +79,12 @@ def test_config_shows_the_blend_plan(tmp_path):
     assert blend["chunk_size"] == 256 and blend["check_layer"] == 1
     assert any("LlamaForCausalLM" in r for r in blend["reasons"])
     assert blend["min_reused_tokens"] == 256 and blend["store_max_bytes"] == 2 * 2**30
-    # the engine's connector gets the same settings, and vLLM's own prefix caching is off
+    # the engine's connector gets the same settings; vLLM's own prefix caching stays as configured
     extra = runtime.engine_args["kv_transfer_config"]["kv_connector_extra_config"]
     config = BlendConfig.from_extra_config(extra)
     assert (config.separator, config.recompute_ratio, config.chunk_size) == (" # # ", 0.15, 256)
     assert config.store_dir == blend["store_dir"] and config.model_identity.startswith(str(tmp_path))
-    assert runtime.engine_args["enable_prefix_caching"] is False
+    assert "enable_prefix_caching" not in runtime.engine_args  # vLLM's default: on (a blend keeps its hit)
     json.dumps(runtime.describe(), default=str)
     off = resolve_runtime(build_serving_config({"option.lmcache_config_file": "lmcache.yaml"}, tmp_path), build_demo=False)
     assert off.describe()["lmcache_blend"] is None
@@ -116,8 +116,7 @@ def test_what_blending_cannot_handle_is_a_config_error(tmp_path, config, props, 
 
 @pytest.mark.parametrize(
     "props,words",
-    [({"option.enable_prefix_caching": "true"}, "prefix caching"),
-     ({"option.speculative_config": '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'},
+    [({"option.speculative_config": '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'},
       "speculative decoding")],
 )
 def test_blending_refuses_what_it_cannot_serve_beside(tmp_path, props, words):

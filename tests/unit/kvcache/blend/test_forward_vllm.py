@@ -119,3 +119,86 @@ def test_the_worker_blends_into_a_paged_cache_what_it_stored_from_one(models, tm
     else:
         assert counters["reused_tokens"] == reused and counters["recomputed_tokens"] == 0
         assert not torch.allclose(written[-1][0], full[-1][0][: n - 1], atol=1e-4)  # the blend differs past layer 0
+
+
+def test_the_worker_blends_past_vllms_own_prefix_hit(models, tmp_path):
+    """With vLLM's prefix cache on, a request's first blocks may already hold its prompt head (a hit
+    on another request's blocks). The blend reads that KV from the blocks as exact, writes only the
+    blocks past it, and at ratio 1 the result is still a full prefill."""
+    from lmi_server.kvcache.blend import paged
+    from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob
+    from lmi_server.kvcache.blend.segments import key_salt, split_at_separator
+    from lmi_server.kvcache.blend.settings import BlendConfig
+    from lmi_server.kvcache.blend.worker import BlendWorker
+
+    from .test_forward import SEP
+
+    hf, model = models
+    block, n_blocks = 16, 24
+    config = BlendConfig(separator=" # # ", recompute_ratio=1.0, check_layer=1, chunk_size=8, min_reused_tokens=8,
+                         store_dir=str(tmp_path / "store"), store_max_bytes=10**9, model_identity="tiny")
+    worker = BlendWorker(config, hf.config.to_dict(), "LlamaForCausalLM", model=model)
+    caches = {f"model.layers.{i}.self_attn.attn": torch.zeros(n_blocks, 2, block, 32) for i in range(4)}
+    worker.register(caches, {name: type("Layer", (), {"isa": "vec"})() for name in caches})
+    adapter = worker.adapter()
+    documents, salt = docs(31), key_salt("tiny")
+
+    first = prompt_of(documents, [9, 8, 7])
+    table1 = [3, 0, 7, 5, 1, 9, 2, 4]
+    with torch.no_grad():
+        for layer, (k, v) in zip(worker.layers, forward.prefill(adapter, first).kv):
+            paged.scatter(layer, paged.slot_mapping(table1, 0, len(first), block), k, v)
+    worker.run([StoreJob("r1", first, table1, [(s.start, len(s), 0) for s in split_at_separator(first, SEP)[:-1]], salt)])
+
+    # the same first document, then the others swapped: vLLM's prefix cache holds the first block
+    second = prompt_of([documents[i] for i in (0, 2, 1)], [6, 5, 4])
+    prefix = block
+    assert second[:prefix] == first[:prefix]
+    segments = [s for s in split_at_separator(second, SEP)[:-1] if s.start >= prefix]
+    cached = [(s.start, len(s), len(s)) for s in segments]
+    table2 = [table1[0], 14, 11, 20, 12, 13, 8, 6]  # block 0 shared with the first request
+    held_before = [paged.gather(layer, paged.slot_mapping(table2, 0, prefix, block)) for layer in worker.layers]
+    worker.run([BlendJob("r2", second, table2, cached, salt, 1.0, prefix=prefix)])
+    n = len(second)
+    with torch.no_grad():
+        full = forward.prefill(adapter, second).kv
+    for layer, (fk, fv), (hk, hv) in zip(worker.layers, full, held_before):
+        k, v = paged.gather(layer, paged.slot_mapping(table2, 0, n - 1, block))
+        torch.testing.assert_close(k, fk[: n - 1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v, fv[: n - 1], atol=1e-4, rtol=1e-4)
+        assert torch.equal(k[:prefix], hk) and torch.equal(v[:prefix], hv)  # the shared block as it was
+
+
+def test_the_blend_reads_the_prefix_from_the_blocks_and_never_writes_it(models, tmp_path):
+    """The held prefix is whatever the shared blocks hold (here: altered KV): the blend attends to it
+    from the check layer on (where a full prefill would differ) and leaves those blocks untouched."""
+    from lmi_server.kvcache.blend import paged
+    from lmi_server.kvcache.blend.scheduling import BlendJob
+    from lmi_server.kvcache.blend.settings import BlendConfig
+    from lmi_server.kvcache.blend.worker import BlendWorker
+
+    hf, model = models
+    block = 16
+    config = BlendConfig(separator=" # # ", recompute_ratio=1.0, check_layer=1, chunk_size=8, min_reused_tokens=8,
+                         store_dir=str(tmp_path / "store"), store_max_bytes=10**9, model_identity="tiny")
+    worker = BlendWorker(config, hf.config.to_dict(), "LlamaForCausalLM", model=model)
+    caches = {f"model.layers.{i}.self_attn.attn": torch.zeros(24, 2, block, 32) for i in range(4)}
+    worker.register(caches, {name: type("Layer", (), {"isa": "vec"})() for name in caches})
+    adapter = worker.adapter()
+    ids = prompt_of(docs(41), [6, 5, 4])
+    n, table = len(ids), [5, 1, 9, 2, 4, 7, 8, 3]
+    with torch.no_grad():
+        full = forward.prefill(adapter, ids).kv
+    held = paged.slot_mapping(table, 0, block, block)
+    for layer, (k, v) in zip(worker.layers, full):
+        paged.scatter(layer, held, 1.5 * k[:block], 1.5 * v[:block])
+    worker.run([BlendJob("r", ids, table, [], b"salt", 1.0, prefix=block)])
+    rest = paged.slot_mapping(table, block, n - 1 - block, block)
+    for i, (layer, (fk, fv)) in enumerate(zip(worker.layers, full)):
+        k, v = paged.gather(layer, held)
+        assert torch.equal(k, (1.5 * fk[:block]).to(k.dtype)) and torch.equal(v, (1.5 * fv[:block]).to(v.dtype))
+        k, _ = paged.gather(layer, rest)
+        if i <= config.check_layer:  # every token is computed in full below the check layer
+            torch.testing.assert_close(k, fk[block : n - 1], atol=1e-4, rtol=1e-4)
+        else:  # from there on the prompt attends to the KV the blocks held
+            assert not torch.allclose(k, fk[block : n - 1], atol=1e-4)

@@ -232,3 +232,20 @@ def test_a_request_naming_its_ratio_is_blended_and_stores_no_prefix(tmp_path):
     assert sched.stores_as_prefix("server")
     assert sched.decide(request("near", ids), prefix_hit_tokens=len(ids) - 2) is None  # the prefix is cheaper
     assert not sched.stores_as_prefix("near")
+
+
+def test_a_blend_keeps_what_vllms_prefix_cache_holds(tmp_path):
+    """vLLM's prefix cache holds the prompt's head (block-aligned): the blend reports only the tokens
+    past it, plans no segment inside it, and the job tells the worker where it ends."""
+    sched = scheduler(tmp_path)
+    warm = request("w", prompt([0, 1, 2]))
+    sched.decide(warm, 0)
+    (job,) = sched.jobs(new_step("w", [1, 2, 3], 0, len(warm.prompt_token_ids)))
+    store_job_kv(sched, job)
+    ids = prompt([0, 2, 1])  # the first document where it stood
+    n, held = len(ids), 8
+    assert sched.decide(request("held", ids), prefix_hit_tokens=held, local_hit_tokens=held) == n - 1 - held
+    (job,) = sched.jobs(new_step("held", [4, 5, 6, 7], held, 1))
+    assert isinstance(job, BlendJob) and job.prefix == held
+    assert all(start >= held for start, _, _ in job.segments)
+    assert sched.decide(request("all-held", ids), prefix_hit_tokens=n - 3, local_hit_tokens=n - 3) is None
