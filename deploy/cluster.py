@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -215,7 +216,12 @@ class Cluster:
     policy: str = "consistent_hash"
     shared_cache: bool = True
     props: dict[str, str] = field(default_factory=dict)
+    # Per-replica serving.properties lines (replica index -> lines), applied over `props`: what
+    # must differ between replicas, e.g. each one's own KV-event endpoint for the kv_aware policy.
+    replica_props: Callable[[int], dict[str, str]] | None = None
     l1_size_gb: float = 1.0
+    # Extra environment of the router process (e.g. VLLM_ROUTER_TOKENIZER for kv_aware).
+    router_env: dict[str, str] = field(default_factory=dict)
     redis_maxmemory: str = "2gb"
     redis: Proc | None = None
     servers: list[Proc] = field(default_factory=list)
@@ -273,13 +279,29 @@ class Cluster:
     def start_replicas(self, timeout: float = 600) -> list[Proc]:
         """Start every replica at once, then wait for all (engine start is 30-60 s on CPU)."""
         config = self.lmcache_yaml()
-        props = {**REPLICA_PROPS, "option.lmcache_config_file": str(config), **self.shared_session_props(), **self.props}
         for i in range(self.replicas):
-            self.servers.append(self._spawn_replica(i, props))
+            self.servers.append(self._spawn_replica(i, self.replica_properties(i, config)))
         self._save()
         for proc in self.servers:
             _wait_http(proc, "/ping", timeout)
         return self.servers
+
+    def replica_properties(self, i: int, lmcache_config: Path) -> dict[str, str]:
+        """Replica i's serving.properties: the demo settings, this cluster's LMCache file and
+        sessions, `props`, then `replica_props(i)`."""
+        props = {**REPLICA_PROPS, "option.lmcache_config_file": str(lmcache_config), **self.shared_session_props(), **self.props}
+        return {**props, **(self.replica_props(i) if self.replica_props else {})}
+
+    def restart_replica(self, i: int, timeout: float = 600) -> Proc:
+        """Start replica i again (after it was killed) with the same properties, and wait for it."""
+        old = self.servers[i]
+        if old.alive:
+            raise ClusterError(f"{old.name} is still running")
+        proc = self._spawn_replica(i, self.replica_properties(i, self.state_dir / "lmcache.yaml"))
+        self.servers[i] = proc
+        self._save()
+        _wait_http(proc, "/ping", timeout)
+        return proc
 
     def _spawn_replica(self, i: int, props: dict[str, str]) -> Proc:
         model_dir = self.state_dir / f"replica-{i}"
@@ -291,7 +313,7 @@ class Cluster:
         env = {"PYTHONHASHSEED": props.get("option.lmcache_hash_seed", "0")}
         return Proc.spawn(f"replica-{i}", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir, env)
 
-    def start_router(self, policy: str | None = None, timeout: float = 90) -> Proc:
+    def start_router(self, policy: str | None = None, timeout: float = 90, extra_args: list[str] | None = None) -> Proc:
         binary = router_binary()
         if binary is None:
             raise ClusterError("vllm-router is not installed (pip install vllm-router==0.1.17)")
@@ -314,8 +336,9 @@ class Cluster:
             "--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port()),
             "--log-level", "warning",
             *ROUTER_HEALTH_ARGS,
+            *(extra_args or []),
         ]
-        self.router = Proc.spawn("router", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir)
+        self.router = Proc.spawn("router", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir, self.router_env)
         self._save()
         # /v1/models answers once the router has registered its healthy workers.
         _wait_http(self.router, "/v1/models", timeout)
