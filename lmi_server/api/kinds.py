@@ -15,12 +15,13 @@ from fastapi import APIRouter, FastAPI, Request
 
 from lmi_server.api import embeddings
 from lmi_server.api import openai as openai_routes
+from lmi_server.api import render
 from lmi_server.api import sagemaker
 from lmi_server.api.errors import APIError
 from lmi_server.config.model_kind import ModelKind
 
 INVOCATIONS = "/invocations"
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions") + render.RENDER_PATHS
 EMBEDDING_PATHS = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
 
 # What a client of the wrong kind is told to use instead.
@@ -66,7 +67,7 @@ def refusals(kind: ModelKind, paths: Iterable[str], route_kind: str) -> APIRoute
 
 
 def _generate(kind: ModelKind) -> list[APIRouter]:
-    return [sagemaker.router, openai_routes.router, refusals(kind, EMBEDDING_PATHS, "embed")]
+    return [sagemaker.router, openai_routes.router, render.router, refusals(kind, EMBEDDING_PATHS, "embed")]
 
 
 def _embed(kind: ModelKind) -> list[APIRouter]:
@@ -98,7 +99,7 @@ class KindRoutes:
 
 
 KINDS: dict[str, KindRoutes] = {
-    "generate": KindRoutes(_generate),
+    "generate": KindRoutes(_generate, render.request_bodies),
     "embed": KindRoutes(_embed, embeddings.request_bodies),
     "classify": KindRoutes(_classify),
 }

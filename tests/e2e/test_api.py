@@ -81,6 +81,56 @@ def test_usage_reports_prompt_tokens_details(server):
     assert "cached_tokens" in r.json()["usage"]["prompt_tokens_details"]
 
 
+# ---------------------------------------------------------------- vLLM's render API (a KV-aware router reads it)
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer():
+    from transformers import AutoTokenizer
+
+    from lmi_server.demo.builder import ensure_demo_model
+
+    return AutoTokenizer.from_pretrained(str(ensure_demo_model()))
+
+
+def test_completion_render_returns_the_prompts_token_ids(server, demo_tokenizer):
+    r = post(server, "/v1/completions/render", {"model": "lmi-demo", "prompt": PROMPT, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    (rendered,) = r.json()
+    assert rendered["token_ids"] == demo_tokenizer(PROMPT).input_ids
+    served = post(server, "/v1/completions", {"model": "lmi-demo", "prompt": PROMPT, "max_tokens": 1}).json()
+    assert served["usage"]["prompt_tokens"] == len(rendered["token_ids"])  # what generation reads
+
+
+def test_chat_render_returns_the_templated_prompts_token_ids(server, demo_tokenizer):
+    messages = [{"role": "user", "content": "Write a loop"}]
+    r = post(server, "/v1/chat/completions/render", {"model": "lmi", "messages": messages})
+    assert r.status_code == 200, r.text
+    rendered = r.json()
+    assert rendered["token_ids"] == demo_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert rendered["model"] == "lmi-demo"  # "lmi" names the base model, as on the other routes
+    served = post(server, "/v1/chat/completions", {"model": "lmi-demo", "messages": messages, "max_tokens": 1}).json()
+    assert served["usage"]["prompt_tokens"] == len(rendered["token_ids"])
+
+
+@pytest.mark.parametrize(
+    "path, body, status",
+    [
+        ("/v1/completions/render", {"model": "lmi-demo"}, 422),  # no prompt
+        ("/v1/completions/render", {"model": "lmi-demo", "prompt": PROMPT, "max_tokens": -1}, 422),
+        ("/v1/completions/render", {"model": "no-such-model", "prompt": PROMPT}, 404),
+        ("/v1/chat/completions/render", {"model": "lmi-demo", "messages": "not a list"}, 422),
+        ("/v1/chat/completions/render", [1, 2], 400),
+    ],
+)
+def test_render_refuses_a_bad_body(server, path, body, status):
+    r = post(server, path, body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["message"]
+    r = post(server, path, content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+
+
 # ---------------------------------------------------------------- /invocations: three schemas
 
 
