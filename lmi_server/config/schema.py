@@ -43,9 +43,13 @@ DEFAULT_MODEL_DIR = Path("/opt/ml/model")
 DEMO_SERVED_NAME = "lmi-demo"
 ASSISTANT_SERVED_NAME = "smollm2-135m-instruct"
 EMBEDDING_SERVED_NAME = "all-minilm-l6-v2"
+VISION_SERVED_NAME = "tiny-qwen2-vl-shapes"
 # Models that ship with the server, by the name `option.model_id` gives them -> their source.
-BUILTIN_MODELS = {ASSISTANT_SERVED_NAME: "assistant", DEMO_SERVED_NAME: "demo", EMBEDDING_SERVED_NAME: "embedding"}
-BUILTIN_SOURCES = ("demo", "assistant", "embedding")
+BUILTIN_MODELS = {
+    ASSISTANT_SERVED_NAME: "assistant", DEMO_SERVED_NAME: "demo", EMBEDDING_SERVED_NAME: "embedding",
+    VISION_SERVED_NAME: "vision",
+}
+BUILTIN_SOURCES = ("demo", "assistant", "embedding", "vision")
 BUILTIN_KINDS = {"demo": "generate", "assistant": "generate", "embedding": "embed"}
 
 
@@ -175,7 +179,7 @@ def _example(key: str, desc: dict[str, Any]) -> str:
 class ResolvedModel(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    source: Literal["local", "hub", "demo", "assistant", "embedding", "s3"]
+    source: Literal["local", "hub", "demo", "assistant", "embedding", "vision", "s3"]
     path_or_id: str
     served_names: list[str]
 
@@ -260,6 +264,14 @@ def _builtin_model(name: str, served_names: list[str]) -> ResolvedModel:
         from lmi_server.demo.embedding import model_dir
 
         return ResolvedModel(source="embedding", path_or_id=str(model_dir()), served_names=served_names)
+    if BUILTIN_MODELS[name] == "vision":  # read in place from the package, like the demo kit's draft
+        from lmi_server.demo.vision import vlm_dir
+
+        try:
+            path = vlm_dir()
+        except FileNotFoundError as exc:
+            raise RuntimeError(str(exc)) from exc
+        return ResolvedModel(source="vision", path_or_id=str(path), served_names=served_names)
     from lmi_server.demo.assistant import default_dir
 
     return ResolvedModel(source="assistant", path_or_id=str(default_dir()), served_names=served_names)
@@ -376,7 +388,7 @@ def build_serving_config(
     )
     kind = decide_kind(
         engine_args,
-        model.path_or_id if model.source in ("local", "embedding") else None,
+        model.path_or_id if model.source in ("local", "embedding", "vision") else None,
         builtin=BUILTIN_KINDS.get(model.source),
     )
     engine_args["model"] = model.path_or_id

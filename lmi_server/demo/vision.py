@@ -114,3 +114,15 @@ def allow_image_only_processors() -> bool:
     ProcessorMixin.check_argument_for_proper_class = check_argument_for_proper_class
     _PATCHED = True
     return True
+
+
+def vllm_plugin() -> None:
+    """vLLM's `vllm.general_plugins` entry point (pyproject.toml): vLLM calls it in each of its
+    processes before it builds a processor, so an image-only processor loads wherever vLLM needs
+    one. Where torchvision works it changes nothing."""
+    try:
+        allow_image_only_processors()
+    except Exception as exc:  # never stop vLLM from starting over this: a multimodal model then fails as before
+        import logging
+
+        logging.getLogger(__name__).warning("image-only processor loading not enabled: %s", exc)

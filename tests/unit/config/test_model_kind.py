@@ -126,3 +126,32 @@ def test_a_vision_language_model_is_said_to_read_images(tmp_path):
     assert "vision_config" in cfg.kind.reason and "images in chat" in cfg.kind.describe()["serves"]
     text = build_serving_config({"option.model_id": str(model(tmp_path, "LlamaForCausalLM"))}, tmp_path).kind
     assert not text.vision and "images" not in text.serves
+
+
+def test_the_built_in_vision_model_reads_images_with_media_limits(tmp_path, monkeypatch):
+    from lmi_server import runtime as runtime_mod
+    from lmi_server.config.schema import VISION_SERVED_NAME
+    from lmi_server.demo.vision import vlm_dir
+
+    cfg = build_serving_config({"option.model_id": VISION_SERVED_NAME}, tmp_path)
+    assert cfg.model.source == "vision" and cfg.model.path_or_id == str(vlm_dir())
+    assert cfg.model.served_names == [VISION_SERVED_NAME]
+    assert cfg.kind.name == "generate" and cfg.kind.vision
+    monkeypatch.setattr(runtime_mod.host, "gpu_count", lambda: 0)
+    args = runtime_mod.resolve_runtime(cfg, build_demo=False).engine_args
+    assert args["limit_mm_per_prompt"] == {"image": 8, "video": 0}  # what the HTTP layer lets through
+    assert args["dtype"] == "float32" and args["enforce_eager"] is True
+    # a user's image limit is kept; videos stay off where torchvision cannot build a video processor
+    monkeypatch.setattr("lmi_server.demo.vision.torchvision_usable", lambda: False)
+    mine = build_serving_config({"option.model_id": VISION_SERVED_NAME, "option.limit_mm_per_prompt": '{"image": 2}'}, tmp_path)
+    assert runtime_mod.resolve_runtime(mine, build_demo=False).engine_args["limit_mm_per_prompt"] == {"image": 2, "video": 0}
+
+
+def test_vllm_loads_the_image_only_processor_plugin():
+    """The entry point vLLM reads in each of its processes (pyproject.toml) names our plugin."""
+    from importlib.metadata import entry_points
+
+    from lmi_server.demo import vision
+
+    (ep,) = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("lmi_server")]
+    assert ep.load() is vision.vllm_plugin
