@@ -5,20 +5,28 @@ A router in front of the replicas (vllm-router's kv_aware policy) asks for them 
 against the KV blocks each replica holds. The work is vLLM's: its route functions
 (`vllm/entrypoints/scale_out/render/api_router.py`) and its `ServingRender`, which vLLM's
 `init_app_state` builds for a generating model. Here the body is read and validated as on the
-other OpenAI routes (size limit, 503 before the engine is ready, LMI's input formatter, `"model":
-"lmi"`), and the handler of the running engine is handed to vLLM's route function. The API-key
-middleware covers these paths as it covers every path but the health checks. Rendering takes no
-engine slot: it tokenizes, it does not generate.
+other OpenAI routes (size limit, 503 before the engine is ready, LMI's input formatter, content
+parts and media checked, `"model": "lmi"`), and the handler of the running engine is handed to
+vLLM's route function. The API-key middleware covers these paths as it covers every path but the
+health checks. Rendering takes no engine slot: it tokenizes, it does not generate.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from lmi_server.api.generation import call_serving
-from lmi_server.api.openai import _read_and_parse, chat_request_type, completion_request_type, lmi_model_alias
+from lmi_server.api.media import check_messages
+from lmi_server.api.openai import (
+    _read_and_parse,
+    chat_request_type,
+    completion_request_type,
+    lmi_model_alias,
+    reject_foreign_messages,
+)
 
 CHAT_RENDER = "/v1/chat/completions/render"
 COMPLETION_RENDER = "/v1/completions/render"
@@ -30,6 +38,9 @@ router = APIRouter()
 async def _render(request: Request, request_type: Any, route: Any):
     parsed = await _read_and_parse(request, request_type)  # 503 until the engine is ready
     state = request.app.state.engine_owner.state
+    reject_foreign_messages(parsed, state)  # as on /v1/chat/completions: a 400, not vLLM's 500
+    if getattr(getattr(state.engine, "model_config", None), "is_multimodal_model", False):
+        await asyncio.to_thread(check_messages, getattr(parsed, "messages", None) or [], request.app.state.media_policy)
     lmi_model_alias(parsed, state)
     # vLLM's route functions read the handler from the app's state: the running engine's.
     request.app.state.serving_render = getattr(state.serving, "serving_render", None)

@@ -121,6 +121,10 @@ def test_chat_render_returns_the_templated_prompts_token_ids(server, demo_tokeni
         ("/v1/completions/render", {"model": "no-such-model", "prompt": PROMPT}, 404),
         ("/v1/chat/completions/render", {"model": "lmi-demo", "messages": "not a list"}, 422),
         ("/v1/chat/completions/render", [1, 2], 400),
+        # a Harmony-format message (gpt-oss only) or an image for a text-only model: 400, not a 500
+        ("/v1/chat/completions/render", {"model": "lmi-demo", "messages": [{"author": {"role": "user"}, "content": []}]}, 400),
+        ("/v1/chat/completions/render", {"model": "lmi-demo", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400),
     ],
 )
 def test_render_refuses_a_bad_body(server, path, body, status):
