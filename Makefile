@@ -49,7 +49,7 @@ unit: setup
 e2e: setup
 	$(PY) -m pytest tests/e2e
 
-# Two replicas + Redis + vllm-router on loopback (see deploy/README.md).
+# The Helm chart's CPU profile (values-cpu.yaml) on loopback: Redis + replicas + vllm-router (deploy/README.md).
 cluster: setup
 	deploy/cluster.sh up
 

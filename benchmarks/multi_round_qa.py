@@ -32,7 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS, machine, pct, save, stream_completion  # noqa: E402
-from deploy.cluster import Cluster  # noqa: E402
+from deploy.cluster import DEMO_PROPS, Cluster  # noqa: E402
 
 MODEL = "lmi-demo"
 SOURCES = ["argparse.py", "json/decoder.py", "logging/__init__.py", "subprocess.py", "pathlib.py",
@@ -184,7 +184,7 @@ def main() -> int:
         for shared in (False, True):
             state = Path(tmp) / ("shared" if shared else "local")
             state.mkdir()
-            cluster = Cluster(state_dir=state, replicas=2, shared_cache=shared)
+            cluster = Cluster(state_dir=state, replicas=2, shared_cache=shared, props=DEMO_PROPS)
             try:
                 t0 = time.monotonic()
                 cluster.up(with_router=False)

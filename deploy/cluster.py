@@ -1,16 +1,35 @@
 """A local scale-out cluster on loopback: a Redis-protocol server (LMCache's shared remote tier),
 N replicas of `lmi-server serve` and vLLM's router (`vllm-router`, PyPI) in front of them.
 
-    python deploy/cluster.py up   [--replicas 2] [--policy consistent_hash] [--no-shared-cache] [--prop KEY=VALUE ...]
+    python deploy/cluster.py up   [--values FILE ...] [--set KEY=VALUE ...] [--replicas N] [--policy P]
+                                  [--no-shared-cache] [--prop KEY=VALUE ...]
     python deploy/cluster.py status
     python deploy/cluster.py down
+
+The cluster starts from the Helm chart's rendered values (deploy/chart.py; default: the CPU
+profile deploy/helm/lmi-server/values-cpu.yaml, `--values`/`--set` as with `helm install`), so
+that what runs here is what the chart deploys:
+
+- replicas: the chart's serving.properties ConfigMap, the container's literal environment
+  (PYTHONHASHSEED = hashSeed) and server.replicas;
+- LMCache: the chart's lmcache.yaml ConfigMap;
+- Redis: the internal Valkey's maxmemory (allkeys-lru, no persistence, as the chart runs it);
+- router: the chart's vllm-router arguments and policy.
+
+Substituted for loopback: option.lmcache_config_file -> STATE_DIR/lmcache.yaml; the chart's
+in-cluster shared-tier URL (remote_url, option.sessions_redis_url) -> this cluster's Redis;
+mp_host -> 127.0.0.1; API keys given as values -> STATE_DIR/api-keys (option.api_key_file);
+router service discovery -> --worker-urls, its addresses and ports -> free loopback ones. Pod
+paths in the environment (HF_HOME, SERVING_DOWNLOAD_DIR) and Secret references are left out.
+`props` / `--prop` then `replica_props(i)` apply over the chart's properties.
 
 Everything binds 127.0.0.1. Every process is started in its own session and recorded in
 STATE_DIR (default /tmp/lmi-cluster, or $LMI_CLUSTER_DIR) as `<name>.pid` plus `cluster.json`
 (ports, URLs); `down` stops them with SIGTERM (SIGKILL after a grace period), checking each
 pid's start time so that a recycled pid is never signalled. Logs: STATE_DIR/<name>.log.
 
-The same module is the library behind tests/e2e/test_scale_out.py and benchmarks/multi_round_qa.py.
+The same module is the library behind tests/e2e/test_scale_out.py, benchmarks/routing.py and
+benchmarks/multi_round_qa.py.
 """
 
 from __future__ import annotations
@@ -29,42 +48,32 @@ from typing import Callable
 
 import yaml
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as `python deploy/cluster.py`: make `deploy.chart` importable
+    sys.path.insert(0, str(REPO))
+
+from deploy import chart as helm_chart  # noqa: E402
+from deploy.chart import ChartError, ChartSettings  # noqa: E402
 from lmi_server import process
 from lmi_server.kvcache.resolve import free_local_port as free_port  # binds 127.0.0.1
 from lmi_server.process import pid_alive
 
-REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
 DEFAULT_STATE_DIR = Path(os.environ.get("LMI_CLUSTER_DIR", "/tmp/lmi-cluster"))
-REDIS_YAML = REPO / "lmcache_configs" / "cpu_redis.yaml"
-CPU_YAML = REPO / "lmcache_configs" / "cpu.yaml"
+# Redis's maxmemory when the chart runs no Valkey of its own (sharedCache.mode=external).
+FALLBACK_MAXMEMORY = "2gb"
 
-# Engine settings for the local demo cluster (CPU host); --prop overrides or adds keys.
-REPLICA_PROPS = {
+# The tiny demo model over the chart's CPU profile (which serves the built-in assistant): what
+# the benchmarks measure, with room for their long prompts. Pass as `props`.
+DEMO_PROPS = {
     "option.model_id": "lmi-demo",
-    "engine": "Python",
-    "option.cpu_kv_cache_space": "1",
-    "option.enforce_eager": "true",
-    "option.max_model_len": "4096",
     "option.max_request_bytes": "400000",
+    "option.cpu_kv_cache_space": "1",
 }
-# The router's view of a replica: SageMaker's health route, checked often so that a dead replica
-# leaves the hash ring within seconds (defaults: every 60 s, 3 failures).
-ROUTER_HEALTH_ARGS = [
-    "--health-check-endpoint", "/ping",
-    "--health-check-interval-secs", "2",
-    "--health-failure-threshold", "1",
-    "--health-success-threshold", "1",
-    "--health-check-timeout-secs", "2",
-    "--worker-startup-check-interval", "1",
-    "--worker-startup-timeout-secs", "60",
-]
 
 
 class ClusterError(RuntimeError):
     pass
-
-
 
 
 def redis_server_binary() -> str | None:
@@ -211,21 +220,37 @@ def _wait_http(proc: Proc, path: str, timeout: float, ok=lambda r: r.status_code
 
 @dataclass
 class Cluster:
+    """Redis + replicas + router as the chart deploys them (`chart`), on loopback. None in
+    `replicas`, `policy`, `shared_cache`, `l1_size_gb` and `redis_maxmemory` means the chart's."""
+
     state_dir: Path = DEFAULT_STATE_DIR
-    replicas: int = 2
-    policy: str = "consistent_hash"
-    shared_cache: bool = True
+    replicas: int | None = None  # chart: server.replicas
+    policy: str | None = None  # chart: router.policy
+    shared_cache: bool | None = None  # chart: sharedCache.mode != none
     props: dict[str, str] = field(default_factory=dict)
     # Per-replica serving.properties lines (replica index -> lines), applied over `props`: what
     # must differ between replicas, e.g. each one's own KV-event endpoint for the kv_aware policy.
     replica_props: Callable[[int], dict[str, str]] | None = None
-    l1_size_gb: float = 1.0
+    l1_size_gb: float | None = None  # chart: lmcache.config.max_local_cpu_size
     # Extra environment of the router process (e.g. VLLM_ROUTER_TOKENIZER for kv_aware).
     router_env: dict[str, str] = field(default_factory=dict)
-    redis_maxmemory: str = "2gb"
+    redis_maxmemory: str | None = None  # chart: sharedCache.internal.maxmemory
+    chart: ChartSettings = field(default_factory=helm_chart.load)
     redis: Proc | None = None
     servers: list[Proc] = field(default_factory=list)
     router: Proc | None = None
+
+    def __post_init__(self) -> None:
+        if self.replicas is None:
+            self.replicas = self.chart.replicas
+        if self.policy is None:
+            self.policy = self.chart.policy or "consistent_hash"
+        if self.shared_cache is None:
+            self.shared_cache = self.chart.shared_tier
+        elif self.shared_cache and not self.chart.shared_tier:
+            raise ClusterError("shared_cache asked for, but the chart configures no shared tier (sharedCache.mode=none)")
+        if self.redis_maxmemory is None:
+            self.redis_maxmemory = self.chart.valkey_maxmemory or FALLBACK_MAXMEMORY
 
     # -- pieces ---------------------------------------------------------------------------
 
@@ -254,27 +279,62 @@ class Cluster:
         self._save()
         return self.redis
 
-    def lmcache_yaml(self) -> Path:
-        """The replicas' LMCache file: lmcache_configs/cpu_redis.yaml with this cluster's Redis
-        URL (or cpu.yaml without the shared tier), the CPU tier sized for a shared test host."""
-        source = REDIS_YAML if self.shared_cache else CPU_YAML
-        cfg = yaml.safe_load(source.read_text())
-        cfg["max_local_cpu_size"] = self.l1_size_gb
-        cfg["mp_host"] = LOOPBACK  # each replica's own cache server, on loopback
+    def lmcache_config(self) -> dict | None:
+        """The chart's lmcache.yaml on loopback: remote_url -> this cluster's Redis (dropped
+        without the shared tier), each replica's cache server on 127.0.0.1, and the CPU tier
+        resized only when `l1_size_gb` is given. None when the chart disables LMCache."""
+        if self.chart.lmcache_config is None:
+            return None
+        cfg = dict(self.chart.lmcache_config)
+        cfg["mp_host"] = LOOPBACK
+        if self.l1_size_gb is not None:
+            cfg["max_local_cpu_size"] = self.l1_size_gb
         if self.shared_cache:
-            if self.redis is None:
-                raise ClusterError("start the Redis-protocol server before the replicas")
-            cfg["remote_url"] = self.redis.url
+            cfg["remote_url"] = self._redis_url()
+        else:
+            cfg.pop("remote_url", None)
+        return cfg
+
+    def lmcache_yaml(self) -> Path | None:
+        """STATE_DIR/lmcache.yaml from `lmcache_config` (None when the chart disables LMCache)."""
+        cfg = self.lmcache_config()
+        if cfg is None:
+            return None
         path = self.state_dir / "lmcache.yaml"
-        path.write_text(f"# generated by deploy/cluster.py from {source.relative_to(REPO)}\n" + yaml.safe_dump(cfg, sort_keys=False))
+        path.write_text("# generated by deploy/cluster.py from the chart's lmcache.yaml ConfigMap\n" + yaml.safe_dump(cfg, sort_keys=False))
         return path
 
-    def shared_session_props(self) -> dict[str, str]:
-        """SageMaker sessions in the same Redis as the KV tier (as the chart does), so a session
-        outlives the replica that opened it. Database 1: apart from LMCache's keys in database 0."""
-        if not self.shared_cache or self.redis is None:
-            return {}
-        return {"option.sessions_redis_url": f"{self.redis.url}/1"}
+    def _redis_url(self) -> str:
+        if self.redis is None:
+            raise ClusterError("start the Redis-protocol server before the replicas")
+        return self.redis.url
+
+    def chart_properties(self, lmcache_config: Path | None) -> dict[str, str]:
+        """The chart's serving.properties with loopback in place of the pod: the LMCache file
+        and API key file in STATE_DIR, the in-cluster shared-tier URL -> this cluster's Redis
+        (or dropped with it: --no-shared-cache)."""
+        out = {}
+        remote = self.chart.remote_url
+        for key, value in self.chart.serving_properties.items():
+            if key == "option.lmcache_config_file":
+                if lmcache_config is None:
+                    continue
+                value = str(lmcache_config)
+            elif key == "option.api_key_file":
+                value = str(self._api_key_file())
+            elif remote and value.startswith(remote):
+                if not self.shared_cache:
+                    continue
+                value = self._redis_url() + value[len(remote):]
+            out[key] = value
+        return out
+
+    def _api_key_file(self) -> Path:
+        """The chart's API keys (apiKeys.keys, from the rendered Secret) in STATE_DIR, owner-only."""
+        path = self.state_dir / "api-keys"
+        path.touch(mode=0o600, exist_ok=True)
+        path.write_text(self.chart.api_keys or "")
+        return path
 
     def start_replicas(self, timeout: float = 600) -> list[Proc]:
         """Start every replica at once, then wait for all (engine start is 30-60 s on CPU)."""
@@ -286,10 +346,9 @@ class Cluster:
             _wait_http(proc, "/ping", timeout)
         return self.servers
 
-    def replica_properties(self, i: int, lmcache_config: Path) -> dict[str, str]:
-        """Replica i's serving.properties: the demo settings, this cluster's LMCache file and
-        sessions, `props`, then `replica_props(i)`."""
-        props = {**REPLICA_PROPS, "option.lmcache_config_file": str(lmcache_config), **self.shared_session_props(), **self.props}
+    def replica_properties(self, i: int, lmcache_config: Path | None) -> dict[str, str]:
+        """Replica i's serving.properties: the chart's (on loopback), `props`, then `replica_props(i)`."""
+        props = {**self.chart_properties(lmcache_config), **self.props}
         return {**props, **(self.replica_props(i) if self.replica_props else {})}
 
     def restart_replica(self, i: int, timeout: float = 600) -> Proc:
@@ -297,7 +356,8 @@ class Cluster:
         old = self.servers[i]
         if old.alive:
             raise ClusterError(f"{old.name} is still running")
-        proc = self._spawn_replica(i, self.replica_properties(i, self.state_dir / "lmcache.yaml"))
+        config = self.state_dir / "lmcache.yaml" if self.chart.lmcache_config is not None else None
+        proc = self._spawn_replica(i, self.replica_properties(i, config))
         self.servers[i] = proc
         self._save()
         _wait_http(proc, "/ping", timeout)
@@ -309,9 +369,9 @@ class Cluster:
         (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         port = free_port()
         argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(model_dir), "--host", LOOPBACK, "--port", str(port)]
-        # Every process that shares a cache must hash alike (LMCache chunk keys).
-        env = {"PYTHONHASHSEED": props.get("option.lmcache_hash_seed", "0")}
-        return Proc.spawn(f"replica-{i}", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir, env)
+        # The chart's literal environment: PYTHONHASHSEED = hashSeed, so that every process
+        # sharing a cache hashes alike (LMCache chunk keys).
+        return Proc.spawn(f"replica-{i}", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir, dict(self.chart.env))
 
     def start_router(self, policy: str | None = None, timeout: float = 90, extra_args: list[str] | None = None) -> Proc:
         binary = router_binary()
@@ -329,20 +389,22 @@ class Cluster:
                     "needs /health as an alias of /ping"
                 )
         port = free_port()
-        argv = [
-            binary, "--host", LOOPBACK, "--port", str(port),
-            "--worker-urls", *[s.url for s in self.servers],
-            "--policy", self.policy,
-            "--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port()),
-            "--log-level", "warning",
-            *ROUTER_HEALTH_ARGS,
-            *(extra_args or []),
-        ]
+        argv = [binary, *self.router_args(port, free_port()), *(extra_args or [])]
         self.router = Proc.spawn("router", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir, self.router_env)
         self._save()
-        # /v1/models answers once the router has registered its healthy workers.
-        _wait_http(self.router, "/v1/models", timeout)
+        # /v1/models answers once the router has registered its healthy workers (401 from them
+        # when the chart sets API keys: registered all the same).
+        ok = (lambda r: r.status_code in (200, 401)) if self.chart.api_keys else (lambda r: r.status_code == 200)
+        _wait_http(self.router, "/v1/models", timeout, ok=ok)
         return self.router
+
+    def router_args(self, port: int, prometheus_port: int) -> list[str]:
+        """The chart's router arguments on loopback (deploy/chart.py), with this cluster's policy."""
+        args = helm_chart.loopback_router_args(self.chart.router_args, [s.url for s in self.servers], port, prometheus_port, LOOPBACK)
+        i = args.index("--policy") if "--policy" in args else None
+        if i is None:
+            return [*args, "--policy", self.policy]
+        return [*args[: i + 1], self.policy, *args[i + 2 :]]
 
     def stop_router(self) -> None:
         if self.router is not None:
@@ -432,9 +494,13 @@ def load_procs(state_dir: Path) -> list[Proc]:
 
 def _cmd_up(args) -> int:
     props = dict(p.split("=", 1) for p in args.prop)
+    settings = helm_chart.load(args.values or None, helm_chart.parse_set(args.set))
+    if settings.skipped_env:
+        print(f"cluster: not set from the chart (Secrets or pod paths; the host's environment applies): {', '.join(settings.skipped_env)}", file=sys.stderr)
     cluster = Cluster(
         state_dir=args.state_dir, replicas=args.replicas, policy=args.policy,
-        shared_cache=not args.no_shared_cache, props=props, l1_size_gb=args.l1_size_gb,
+        shared_cache=False if args.no_shared_cache else None, props=props, l1_size_gb=args.l1_size_gb,
+        chart=settings,
     )
     t0 = time.monotonic()
     cluster.up(with_router=not args.no_router)
@@ -467,20 +533,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="cluster", description=__doc__.split("\n\n")[0])
     ap.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="pid files, logs, generated configs")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="start Redis, the replicas and the router")
-    up.add_argument("--replicas", type=int, default=2)
-    up.add_argument("--policy", default="consistent_hash",
-                    help="vllm-router policy: consistent_hash (session-sticky), round_robin, cache_aware, power_of_two, ...")
+    up = sub.add_parser("up", help="start Redis, the replicas and the router, as the chart's values say")
+    up.add_argument("--values", "-f", action="append", type=Path, default=[], metavar="FILE",
+                    help="chart values file (repeatable, later wins; default: deploy/helm/lmi-server/values-cpu.yaml)")
+    up.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="chart value on top of the files, dotted as in helm --set (router.policy=round_robin)")
+    up.add_argument("--replicas", type=int, default=None, help="default: the chart's server.replicas")
+    up.add_argument("--policy", default=None,
+                    help="vllm-router policy (default: the chart's router.policy): consistent_hash, round_robin, cache_aware, ...")
     up.add_argument("--no-shared-cache", action="store_true", help="replicas without the Redis tier (CPU tier only)")
     up.add_argument("--no-router", action="store_true")
-    up.add_argument("--l1-size-gb", type=float, default=1.0, help="LMCache CPU tier per replica (allocated up front on CPU)")
+    up.add_argument("--l1-size-gb", type=float, default=None,
+                    help="LMCache CPU tier per replica (default: the chart's lmcache.config.max_local_cpu_size)")
     up.add_argument("--prop", action="append", default=[], metavar="KEY=VALUE", help="extra serving.properties line, e.g. option.dtype=fp32")
     sub.add_parser("status", help="list the recorded processes")
     sub.add_parser("down", help="stop everything recorded in the state directory")
     args = ap.parse_args(argv)
     try:
         return {"up": _cmd_up, "status": _cmd_status, "down": _cmd_down}[args.cmd](args)
-    except ClusterError as e:
+    except (ClusterError, ChartError) as e:
         print(f"cluster: {e}", file=sys.stderr)
         return 2
 

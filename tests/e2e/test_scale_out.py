@@ -1,7 +1,8 @@
 """Scale-out end to end: two real replicas sharing LMCache's remote tier through a real
 Redis-protocol server, with vLLM's router (`vllm-router`, consistent_hash policy) in front.
 
-One module-scoped cluster (deploy/cluster.py): redis-server on a free loopback port, two
+One module-scoped cluster (deploy/cluster.py), started from the Helm chart's CPU profile
+(values-cpu.yaml) as `make cluster` starts it: redis-server on a free loopback port, two
 `lmi-server serve` replicas on the demo model (fp32, vLLM prefix caching off so that reuse shows
 as LMCache hits) and the router. The failover tests kill a replica, so they run last.
 """
@@ -18,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deploy import chart as helm_chart
+from deploy.chart import ChartError
 from deploy.cluster import Cluster, ClusterError, pid_alive, redis_dbsize, redis_server_binary, router_binary
 from tests.e2e.conftest import BASE_PROPS
 from tests.e2e.test_api import metric_value
@@ -33,16 +36,20 @@ pytestmark = [
 
 MODEL = "lmi-demo"
 COMPLETIONS = "/v1/completions"
+# The chart's router, checking replicas often enough that a dead one leaves the hash ring within
+# seconds (the chart's defaults: every 5 s, 2 failures): a values override, as a user would give it.
+FAST_FAILOVER = {"router": {"healthCheck": {"intervalSecs": 2, "timeoutSecs": 2, "failureThreshold": 1, "successThreshold": 1}}}
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     props = {k: v for k, v in BASE_PROPS.items() if k != "engine"}
     props["option.enable_prefix_caching"] = "false"
-    c = Cluster(state_dir=tmp_path_factory.mktemp("cluster"), replicas=2, policy="consistent_hash", props=props)
     try:
+        settings = helm_chart.load(overrides=FAST_FAILOVER)
+        c = Cluster(state_dir=tmp_path_factory.mktemp("cluster"), replicas=2, policy="consistent_hash", props=props, chart=settings)
         c.up()
-    except ClusterError as e:
+    except (ClusterError, ChartError) as e:
         pytest.fail(str(e))
     started = [c.router, *c.servers, c.redis]
     below = [d for p in started for d in p.descendants()]  # engine workers, LMCache cache servers
@@ -271,7 +278,7 @@ def test_killing_a_replica_moves_its_sessions_without_failed_requests(cluster, s
     victim.kill()
     thread.join(200)
     assert not victim.alive
-    # Give the router one health-check period (2 s interval + 2 s timeout, deploy/cluster.py) to
+    # Give the router one health-check period (2 s interval + 2 s timeout, FAST_FAILOVER) to
     # mark the dead replica down; a request racing that check can still be sent to it.
     time.sleep(5)
 

@@ -1,14 +1,19 @@
-"""deploy/cluster.py without processes: per-replica properties, the router's extra flags and
-environment, restarting a replica."""
+"""deploy/cluster.py without processes: the cluster starts from the Helm chart's rendered values
+(deploy/chart.py) with loopback substitutions; per-replica properties, the router's extra flags
+and environment, restarting a replica."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
 
 import deploy.cluster as cluster_mod
-from deploy.cluster import REPLICA_PROPS, Cluster, ClusterError, Proc
+from deploy import chart as helm_chart
+from deploy.cluster import DEMO_PROPS, Cluster, ClusterError, Proc
+
+pytest.importorskip("helm_python.chart", reason="pip install helm-python-sdk (the test extra)")
 
 
 class FakeProc:
@@ -49,7 +54,7 @@ def test_replica_props_apply_over_the_shared_props_per_replica(tmp_path, spawned
         props = props_file(tmp_path, i)
         assert json.loads(props["option.kv_events_config"]) == {"endpoint": f"tcp://127.0.0.1:{7000 + i}"}
         assert props["option.dtype"] == f"d{i}"  # replica_props win over props
-        assert props["option.model_id"] == REPLICA_PROPS["option.model_id"]
+        assert "option.model_id" not in props  # the chart's CPU profile: the built-in assistant
         assert props["option.lmcache_config_file"] == str(tmp_path / "lmcache.yaml")
 
 
@@ -90,3 +95,171 @@ def test_start_router_appends_extra_args_and_passes_its_environment(tmp_path, sp
     r2 = plain.start_router()
     assert "--kv-event-source" not in r2.argv and r2.env == {}
     assert r2.argv[r2.argv.index("--policy") + 1] == "consistent_hash"
+
+
+# ---------------------------------------------------------------------------------------------
+# The chart is the source
+# ---------------------------------------------------------------------------------------------
+
+REDIS_URL = "redis://127.0.0.1:6399"
+
+
+def with_redis(c: Cluster) -> Cluster:
+    """A cluster whose Redis is 'running' at REDIS_URL (no process)."""
+    c.redis = FakeProc("redis", [], 6399, REDIS_URL, c.state_dir)
+    return c
+
+
+@pytest.fixture(scope="module")
+def cpu_chart():
+    return helm_chart.load()
+
+
+@pytest.fixture
+def router_ready(monkeypatch):
+    import httpx
+
+    monkeypatch.setattr(cluster_mod, "router_binary", lambda: "/bin/vllm-router")
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: type("R", (), {"status_code": 200})())
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_replica_properties_are_the_rendered_configmap_on_loopback(tmp_path, spawned, cpu_chart):
+    c = with_redis(Cluster(state_dir=tmp_path, chart=cpu_chart))
+    c.start_replicas()
+    props = props_file(tmp_path, 0)
+    chart_props = cpu_chart.serving_properties
+    assert chart_props["option.cpu_kv_cache_space"] == "2"  # values-cpu.yaml
+    assert props["option.cpu_kv_cache_space"] == chart_props["option.cpu_kv_cache_space"]
+    for key in ("option.lmcache_hash_seed", "option.graceful_shutdown_timeout", "option.metrics_public", "option.max_model_len"):
+        assert props[key] == chart_props[key]
+    assert chart_props["option.lmcache_config_file"] == "/etc/lmi/lmcache/lmcache.yaml"
+    assert props["option.lmcache_config_file"] == str(tmp_path / "lmcache.yaml")
+    assert chart_props["option.sessions_redis_url"] == cpu_chart.remote_url
+    assert props["option.sessions_redis_url"] == REDIS_URL
+    assert "option.model_id" not in props  # values-cpu.yaml: the built-in assistant
+    assert len(spawned) == cpu_chart.replicas == 2
+
+
+def test_lmcache_yaml_is_the_charts_with_the_loopback_redis(tmp_path, spawned, cpu_chart):
+    c = with_redis(Cluster(state_dir=tmp_path, chart=cpu_chart))
+    c.start_replicas()
+    written = yaml.safe_load((tmp_path / "lmcache.yaml").read_text())
+    assert cpu_chart.lmcache_config["remote_url"].startswith("redis://lmi-lmi-server-valkey")
+    assert written == {**cpu_chart.lmcache_config, "remote_url": REDIS_URL, "mp_host": "127.0.0.1"}
+    sized = with_redis(Cluster(state_dir=tmp_path, chart=cpu_chart, l1_size_gb=3.0))
+    assert sized.lmcache_config()["max_local_cpu_size"] == 3.0  # only when asked for
+
+
+def test_replica_environment_and_redis_come_from_the_chart(tmp_path, spawned):
+    settings = helm_chart.load(overrides={"hashSeed": "7", "sharedCache": {"internal": {"maxmemory": "300mb"}}})
+    c = with_redis(Cluster(state_dir=tmp_path, chart=settings))
+    c.start_replicas()
+    assert spawned[0].env == {"PYTHONHASHSEED": "7"}
+    assert props_file(tmp_path, 0)["option.lmcache_hash_seed"] == "7"
+    assert c.redis_maxmemory == "300mb"
+    assert Cluster(state_dir=tmp_path).redis_maxmemory == "1gb"  # values-cpu.yaml
+
+
+def test_router_argv_is_the_charts_without_service_discovery(tmp_path, spawned, router_ready, cpu_chart):
+    c = Cluster(state_dir=tmp_path, shared_cache=False, chart=cpu_chart)
+    c.start_replicas()
+    argv = c.start_router().argv
+    assert not {"--service-discovery", "--selector", "--service-discovery-port", "--service-discovery-namespace"} & set(argv)
+    assert not any(a.startswith("app.kubernetes.io/") for a in argv)
+    assert argv[argv.index("--worker-urls") + 1 : argv.index("--worker-urls") + 3] == [s.url for s in c.servers]
+    chart_args = cpu_chart.router_args
+    for name in ("--policy", "--health-check-endpoint", "--health-check-interval-secs", "--health-check-timeout-secs",
+                 "--health-failure-threshold", "--health-success-threshold", "--request-timeout-secs", "--log-level"):
+        assert flag(argv, name) == flag(chart_args, name), name
+    assert flag(argv, "--host") == flag(argv, "--prometheus-host") == "127.0.0.1"
+    assert flag(argv, "--port") == str(c.router.port) and flag(argv, "--prometheus-port") != "29000"
+    from vllm_router.launch_router import parse_router_args
+
+    parsed = parse_router_args(argv[1:])  # vllm-router's own parser: exits on an unknown flag
+    parsed._validate_router_args()
+    assert parsed.service_discovery is False and parsed.worker_urls == [s.url for s in c.servers]
+
+
+def test_a_values_override_changes_what_the_cluster_starts(tmp_path, spawned, router_ready):
+    overrides = {
+        "router": {"policy": "round_robin", "healthCheck": {"intervalSecs": 2, "failureThreshold": 1}, "extraArgs": ["--max-payload-size", "1000000"]},
+        "servingProperties": {"option.cpu_kv_cache_space": "3", "option.dtype": "fp32"},
+        "server": {"replicas": 3},
+    }
+    c = Cluster(state_dir=tmp_path, shared_cache=False, chart=helm_chart.load(overrides=overrides))
+    assert c.replicas == 3 and c.policy == "round_robin"
+    c.start_replicas()
+    props = props_file(tmp_path, 2)
+    assert props["option.cpu_kv_cache_space"] == "3" and props["option.dtype"] == "fp32"
+    argv = c.start_router().argv
+    assert flag(argv, "--policy") == "round_robin"
+    assert flag(argv, "--health-check-interval-secs") == "2" and flag(argv, "--health-failure-threshold") == "1"
+    assert argv[-2:] == ["--max-payload-size", "1000000"]
+    assert flag(c.start_router("cache_aware").argv, "--policy") == "cache_aware"  # an explicit policy wins
+
+
+def test_set_and_values_files_layer_like_helm(tmp_path):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("router:\n  policy: power_of_two\nservingProperties:\n  option.max_model_len: '2048'\n")
+    settings = helm_chart.load(
+        [helm_chart.CPU_VALUES, extra], helm_chart.parse_set(["router.healthCheck.intervalSecs=3", "servingProperties.option\\.dtype=fp32"])
+    )
+    assert settings.policy == "power_of_two"
+    assert flag(settings.router_args, "--health-check-interval-secs") == "3"
+    props = settings.serving_properties
+    assert props["option.max_model_len"] == "2048" and props["option.dtype"] == "fp32"
+    assert props["option.cpu_kv_cache_space"] == "2"  # values-cpu.yaml still underneath
+    with pytest.raises(helm_chart.ChartError, match="schema"):
+        helm_chart.load(overrides={"router": {"healthCheck": {"intervalSecs": 0}}})
+
+
+def test_up_without_the_shared_cache_drops_the_redis_url(tmp_path, spawned, capsys):
+    assert cluster_mod.main(["--state-dir", str(tmp_path), "up", "--no-shared-cache", "--no-router"]) == 0
+    assert [p.name for p in spawned] == ["replica-0", "replica-1"]  # no redis
+    props = props_file(tmp_path, 0)
+    assert "option.sessions_redis_url" not in props
+    assert not any(v.startswith("redis://") for v in props.values())
+    assert "remote_url" not in yaml.safe_load((tmp_path / "lmcache.yaml").read_text())
+
+
+def test_api_keys_from_values_are_served_and_an_existing_secret_is_refused(tmp_path, spawned):
+    c = Cluster(state_dir=tmp_path, shared_cache=False, chart=helm_chart.load(overrides={"apiKeys": {"keys": ["secret-key-1"]}}))
+    c.start_replicas()
+    key_file = props_file(tmp_path, 0)["option.api_key_file"]
+    assert key_file == str(tmp_path / "api-keys")
+    assert (tmp_path / "api-keys").read_text().split() == ["secret-key-1"]
+    assert (tmp_path / "api-keys").stat().st_mode & 0o077 == 0
+    with pytest.raises(helm_chart.ChartError, match="existingSecret"):
+        helm_chart.load(overrides={"apiKeys": {"existingSecret": "lmi-keys"}})
+
+
+def test_pod_paths_and_secrets_stay_out_of_the_replica_environment():
+    env, skipped = helm_chart.literal_env([
+        {"name": "PYTHONHASHSEED", "value": "0"},
+        {"name": "HF_HOME", "value": "/var/cache/huggingface"},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
+        {"name": "EXTRA", "value": "1"},
+    ])
+    assert env == {"PYTHONHASHSEED": "0", "EXTRA": "1"} and skipped == ["HF_HOME", "HF_TOKEN"]
+
+
+def test_loopback_router_args_keep_extra_flags_after_discovery():
+    args = ["--host", "0.0.0.0", "--port", "8080", "--service-discovery", "--selector", "a=b", "c=d",
+            "--service-discovery-port", "8080", "--service-discovery-namespace", "llm", "--policy", "random",
+            "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000", "--log-level", "info", "--x", "1"]
+    out = helm_chart.loopback_router_args(args, ["http://127.0.0.1:1"], 5, 6)
+    assert out == ["--worker-urls", "http://127.0.0.1:1", "--worker-startup-check-interval", "1", "--host", "127.0.0.1",
+                   "--port", "5", "--policy", "random", "--prometheus-host", "127.0.0.1", "--prometheus-port", "6",
+                   "--log-level", "info", "--x", "1"]
+
+
+def test_demo_props_keep_the_benchmarks_on_the_demo_model(tmp_path, spawned):
+    c = Cluster(state_dir=tmp_path, shared_cache=False, props=DEMO_PROPS)
+    c.start_replicas()
+    props = props_file(tmp_path, 0)
+    assert props["option.model_id"] == "lmi-demo" and props["option.cpu_kv_cache_space"] == "1"
+    assert props["option.enforce_eager"] == "true"  # still the chart's
