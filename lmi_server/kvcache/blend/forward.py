@@ -33,7 +33,15 @@ from typing import Any, Protocol
 
 import torch
 
-from lmi_server.kvcache.blend.recompute import attend_selected, blend_kv, select_recompute, token_deviation, validate_ratio
+from lmi_server.kvcache.blend.recompute import (
+    AttentionPlan,
+    attend_selected,
+    blend_kv,
+    plan_attention,
+    select_recompute,
+    token_deviation,
+    validate_ratio,
+)
 from lmi_server.kvcache.blend.rope import RopeSpec, apply_rerotation, rerotation
 from lmi_server.kvcache.blend.support import DEFAULT_CHECK_LAYER
 
@@ -86,18 +94,27 @@ class BlendResult:
 
 
 def _layer(adapter: ModelAdapter, i: int, hidden: torch.Tensor, positions: torch.Tensor,
-           kv: LayerKV | None = None) -> tuple[torch.Tensor, LayerKV]:
+           kv: LayerKV | None = None, plan: AttentionPlan | None = None,
+           in_place: bool = False) -> tuple[torch.Tensor, LayerKV]:
     """One decoder layer for the rows of `hidden` (tokens at `positions`). Without `kv`, the rows are
     the whole prompt and attend over their own fresh KV; with `kv` (the whole prompt's KV of this
-    layer), their fresh K/V replace those rows and they attend over the result."""
+    layer), their fresh K/V replace those rows (in `kv` itself when `in_place`) and they attend over
+    the result."""
     x = adapter.input_norm(i, hidden)
     q, k, v = adapter.qkv(i, x, positions)
     if kv is not None:
-        k, v = blend_kv(kv[0], k, positions), blend_kv(kv[1], v, positions)
-    attn = attend_selected(q, k, v, positions, scale=adapter.scale)
+        k, v = _blend(kv[0], k, positions, in_place), _blend(kv[1], v, positions, in_place)
+    attn = attend_selected(q, k, v, positions, scale=adapter.scale, plan=plan)
     hidden = hidden + adapter.o_proj(i, attn.reshape(attn.shape[0], -1))
     hidden = hidden + adapter.mlp(i, adapter.post_norm(i, hidden))
     return hidden, (k, v)
+
+
+def _blend(reused: torch.Tensor, fresh_rows: torch.Tensor, indices: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """`blend_kv`, or the same rows written into `reused` itself when `in_place`."""
+    if not in_place:
+        return blend_kv(reused, fresh_rows, indices)
+    return reused.index_copy_(0, indices.to(device=reused.device, dtype=torch.long), fresh_rows.to(reused.dtype))
 
 
 def prefill(adapter: ModelAdapter, token_ids: torch.Tensor | Sequence[int]) -> BlendResult:
@@ -123,11 +140,14 @@ def blend_prefill(
     ratio: float,
     check_layer: int = DEFAULT_CHECK_LAYER,
     exact: torch.Tensor | None = None,
+    overwrite_reused: bool = False,
 ) -> BlendResult:
     """The prompt's prefill reusing `reused_kv[layer]` (rows valid where `reused` is True, K at the
     request's positions) and recomputing every other token plus the top `ratio` of the reused ones
     by K deviation at `check_layer` (reused tokens marked `exact` are kept as they are and do not
-    count towards the ratio)."""
+    count towards the ratio). With `overwrite_reused`, the blended rows are written into
+    `reused_kv`'s own tensors from the check layer on (no copy of the whole prompt's KV per layer;
+    for a caller that has no further use for them, as the served worker)."""
     ratio = validate_ratio(ratio)
     ids = _ids(adapter, token_ids)
     n = ids.numel()
@@ -145,32 +165,46 @@ def blend_prefill(
     if n and bool(reused[-1]):
         raise ValueError("the prompt's last token must be computed (it belongs to the query segment)")
 
-    positions = torch.arange(n, device=ids.device)
-    hidden = adapter.embed(ids)
+    # Below the check layer every token is computed, except those whose reused KV is exact (vLLM's
+    # prefix hit, segments at their own place after their own context): their KV is already what
+    # a full prefill gives, they are never recomputed, so their hidden states are never needed.
+    skip = reused & exact.to(device=ids.device, dtype=torch.bool) if exact is not None else None
+    rows = (~skip).nonzero(as_tuple=True)[0] if skip is not None and bool(skip.any()) else torch.arange(n, device=ids.device)
+    partial = rows.numel() < n
+    hidden = adapter.embed(ids.index_select(0, rows) if partial else ids)
+    below = plan_attention(rows, n, hidden.dtype) if partial else None
     kv: list[LayerKV] = []
     for i in range(check_layer):
-        hidden, layer_kv = _layer(adapter, i, hidden, positions)
+        if partial:
+            hidden, layer_kv = _layer(adapter, i, hidden, rows, kv=reused_kv[i], plan=below, in_place=overwrite_reused)
+        else:
+            hidden, layer_kv = _layer(adapter, i, hidden, rows)
         kv.append(layer_kv)
 
-    # the check layer: fresh Q/K/V of every token, deviation from the reused K, selection
+    # the check layer: fresh Q/K/V of the computed rows, their deviation from the reused K, selection
     i = check_layer
     x = adapter.input_norm(i, hidden)
-    q, k, v = adapter.qkv(i, x, positions)
+    q, k, v = adapter.qkv(i, x, rows)
     old_k, old_v = reused_kv[i]
     deviation = None
     if bool(reused.any()):
-        deviation = torch.where(reused, token_deviation(k, old_k.to(k.dtype)), torch.zeros((), device=k.device))
+        fresh_dev = token_deviation(k, old_k.index_select(0, rows).to(k.dtype))
+        deviation = torch.zeros(n, dtype=fresh_dev.dtype, device=k.device).index_copy_(0, rows, fresh_dev)
+        deviation = torch.where(reused, deviation, torch.zeros((), device=k.device))
     selected = select_recompute(deviation if deviation is not None else torch.zeros(n), reused, ratio, exact).to(ids.device)
-    k_all = blend_kv(old_k, k.index_select(0, selected), selected)
-    v_all = blend_kv(old_v, v.index_select(0, selected), selected)
-    attn = attend_selected(q.index_select(0, selected), k_all, v_all, selected, scale=adapter.scale)
-    hidden = hidden.index_select(0, selected)
+    # selected lies within rows (exact tokens are never chosen): where each sits among the rows
+    at = torch.searchsorted(rows, selected) if partial else selected
+    plan = plan_attention(selected, n, q.dtype)  # the same for every layer from here on
+    k_all = _blend(old_k, k.index_select(0, at), selected, overwrite_reused)
+    v_all = _blend(old_v, v.index_select(0, at), selected, overwrite_reused)
+    attn = attend_selected(q.index_select(0, at), k_all, v_all, selected, scale=adapter.scale, plan=plan)
+    hidden = hidden.index_select(0, at)
     hidden = hidden + adapter.o_proj(i, attn.reshape(attn.shape[0], -1))
     hidden = hidden + adapter.mlp(i, adapter.post_norm(i, hidden))
     kv.append((k_all, v_all))
 
     for i in range(check_layer + 1, adapter.num_layers):
-        hidden, layer_kv = _layer(adapter, i, hidden, selected, kv=reused_kv[i])
+        hidden, layer_kv = _layer(adapter, i, hidden, selected, kv=reused_kv[i], plan=plan, in_place=overwrite_reused)
         kv.append(layer_kv)
     logits = adapter.lm_head(adapter.final_norm(hidden[-1:]))[0]
     return BlendResult(logits=logits, kv=kv, selected=selected, deviation=deviation)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +123,51 @@ def causal_mask(query_positions: torch.Tensor, n_keys: int) -> torch.Tensor:
     return keys[None, :] <= query_positions[:, None]
 
 
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How a set of selected queries attends, worked out once per prefill: it is the same in every
+    layer, so the position sort and the causal masks are built once, not once per layer."""
+
+    positions: torch.Tensor
+    """long [queries]: each query's offset into the KV, in the caller's order."""
+    order: torch.Tensor | None
+    """The sort into position order, or None when the positions are sorted already (the usual case:
+    `select_recompute` returns sorted indices), so blocks are plain slices."""
+    blocks: tuple[tuple[int, int, int, torch.Tensor], ...]
+    """(first, stop) rows in position order, the keys they read (`:key_end`), and the block's
+    additive causal mask (0 where a key is visible, -inf past the query), [stop - first, key_end]."""
+    every_token: bool
+    """Every key is a query, in order: plain causal attention."""
+
+
+def plan_attention(query_positions: torch.Tensor, n_keys: int, dtype: torch.dtype) -> AttentionPlan:
+    """The plan for queries at `query_positions` over `n_keys` keys, masks in `dtype` (the queries')."""
+    positions = query_positions.to(dtype=torch.long)
+    if positions.dim() != 1:
+        raise ValueError(f"one position per selected query expected, got shape {tuple(positions.shape)}")
+    n = positions.numel()
+    if n and (int(positions.min()) < 0 or int(positions.max()) >= n_keys):
+        raise ValueError(f"query positions must lie in [0, {n_keys})")
+    every = n == n_keys and bool((positions == torch.arange(n, device=positions.device)).all())
+    order = None
+    ordered = positions
+    if n > 1 and not every and not bool((positions[1:] >= positions[:-1]).all()):
+        order = torch.argsort(positions)
+        ordered = positions[order]
+    blocks = []
+    if not every:
+        # Queries in position order, in blocks: each block reads the keys up to its last query only,
+        # so the masked-out future costs nothing beyond one block's diagonal.
+        for first in range(0, n, QUERY_BLOCK):
+            stop = min(n, first + QUERY_BLOCK)
+            block_positions = ordered[first:stop]
+            end = int(block_positions[-1]) + 1
+            mask = torch.zeros((stop - first, end), dtype=dtype, device=positions.device)
+            mask.masked_fill_(~causal_mask(block_positions, end), float("-inf"))
+            blocks.append((first, stop, end, mask))
+    return AttentionPlan(positions=positions, order=order, blocks=tuple(blocks), every_token=every)
+
+
 def attend_selected(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -129,42 +175,41 @@ def attend_selected(
     query_positions: torch.Tensor,
     *,
     scale: float | None = None,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     """Attention of the selected queries over the whole (blended) KV, causal by position.
 
     q: [selected, heads, head_dim] for the tokens at `query_positions` (offsets into the KV);
     k, v: [tokens, kv_heads, head_dim] with heads a multiple of kv_heads (grouped-query attention:
     query head h reads KV head h // (heads / kv_heads), as in Llama and Qwen). Returns
-    [selected, heads, head_dim] in q's dtype. `scale` defaults to 1 / sqrt(head_dim)."""
+    [selected, heads, head_dim] in q's dtype. `scale` defaults to 1 / sqrt(head_dim). `plan`, from
+    `plan_attention(query_positions, tokens, q.dtype)`, saves rebuilding the masks per layer."""
     if q.dim() != 3 or k.dim() != 3 or v.shape[:2] != k.shape[:2]:
         raise ValueError(f"q [sel, heads, d], k and v [tokens, kv_heads, d] expected; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} KV heads")
-    positions = query_positions.to(device=q.device, dtype=torch.long)
-    if positions.shape != (q.shape[0],):
-        raise ValueError(f"one position per selected query expected, got shape {tuple(positions.shape)}")
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= k.shape[0]):
-        raise ValueError(f"query positions must lie in [0, {k.shape[0]})")
-    q_heads = q.transpose(0, 1).unsqueeze(0)
+    if plan is None:
+        plan = plan_attention(query_positions.to(device=q.device), k.shape[0], q.dtype)
+    if plan.positions.shape != (q.shape[0],):
+        raise ValueError(f"one position per selected query expected, got shape {tuple(plan.positions.shape)}")
     keys = k.to(q.dtype).transpose(0, 1).unsqueeze(0)
     values = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
     gqa = heads != kv_heads
-    n = positions.numel()
-    if n == k.shape[0] and bool((positions == torch.arange(n, device=positions.device)).all()):
+    if plan.every_token:
         # every token in order: plain causal attention, whose kernel skips the masked blocks
+        q_heads = q.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(q_heads, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
         return out.squeeze(0).transpose(0, 1)
-    # Queries in position order, in blocks: each block reads the keys up to its last query only,
-    # so the masked-out future costs nothing beyond one block's diagonal.
-    order = torch.argsort(positions)
+    ordered = q if plan.order is None else q.index_select(0, plan.order)
+    q_heads = ordered.transpose(0, 1).unsqueeze(0)
     out = torch.empty_like(q_heads)
-    for start in range(0, n, QUERY_BLOCK):
-        rows = order[start : start + QUERY_BLOCK]
-        block_positions = positions[rows]
-        end = int(block_positions.max()) + 1
-        out[:, :, rows] = F.scaled_dot_product_attention(
-            q_heads[:, :, rows], keys[:, :, :end], values[:, :, :end],
-            attn_mask=causal_mask(block_positions, end), scale=scale, enable_gqa=gqa,
+    for first, stop, end, mask in plan.blocks:
+        out[:, :, first:stop] = F.scaled_dot_product_attention(
+            q_heads[:, :, first:stop], keys[:, :, :end], values[:, :, :end],
+            attn_mask=mask, scale=scale, enable_gqa=gqa,
         )
-    return out.squeeze(0).transpose(0, 1)
+    out = out.squeeze(0).transpose(0, 1)
+    if plan.order is not None:
+        out = torch.empty_like(out).index_copy_(0, plan.order, out)
+    return out

@@ -153,7 +153,8 @@ class BlendWorker:
         for start, length in job.exact:
             exact[start : start + length] = True
         result = forward.blend_prefill(adapter, job.token_ids, reused_kv, reused, ratio=job.recompute_ratio,
-                                       check_layer=self.config.check_layer, exact=exact & reused)
+                                       check_layer=self.config.check_layer, exact=exact & reused,
+                                       overwrite_reused=True)  # placed for this job only
         clock.lap("forward")
         slots = paged.slot_mapping(job.block_ids, job.prefix, n - 1 - job.prefix, self.block_size)
         for layer, (k, v) in zip(self.layers, result.kv):

@@ -116,6 +116,41 @@ def test_ratio_one_is_a_full_prefill(model, adapter, spec, check_layer):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("check_layer", [1, 2])
+def test_exact_tokens_are_not_computed_again_below_the_check_layer(model, adapter, spec, check_layer):
+    """Tokens whose reused KV is exact (a held prefix: here the first document at its own place,
+    its KV from the prompt's own full prefill) are neither computed below the check layer nor
+    recomputed: only the other rows go through the layers, and with every other token recomputed
+    the result is still the full prefill."""
+    documents = docs(6)
+    ids, reused_kv, mask = cached_prompt(adapter, spec, documents, [0, 1, 2], [9, 8, 7])
+    full = forward.prefill(adapter, ids)
+    prefix = len(SEP) + len(documents[0])
+    exact = torch.zeros(len(ids), dtype=torch.bool)
+    exact[:prefix] = True
+    mask = mask.clone()
+    mask[:prefix] = True
+    for layer, (k, v) in enumerate(full.kv):
+        reused_kv[layer][0][:prefix], reused_kv[layer][1][:prefix] = k[:prefix], v[:prefix]
+
+    rows_seen: dict[int, int] = {}
+    qkv = adapter.qkv
+
+    def counting_qkv(layer, x, positions):
+        rows_seen.setdefault(layer, x.shape[0])
+        return qkv(layer, x, positions)
+
+    adapter.qkv = counting_qkv
+    try:
+        result = forward.blend_prefill(adapter, ids, reused_kv, mask, ratio=1.0, check_layer=check_layer, exact=exact)
+    finally:
+        del adapter.qkv
+    assert all(rows_seen[i] == len(ids) - prefix for i in range(check_layer + 1)), rows_seen
+    assert result.selected.tolist() == list(range(prefix, len(ids)))
+    assert_same(result, *hf_reference(model, ids))
+
+
+@torch.no_grad()
 def test_nothing_reused_is_a_full_prefill(model, adapter, spec):
     documents = docs(4)
     ids, reused_kv, mask = cached_prompt(adapter, spec, documents, [0, 1, 2], [5, 6], hit=[False] * 4)

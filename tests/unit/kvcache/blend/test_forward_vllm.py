@@ -171,7 +171,8 @@ def test_the_worker_blends_past_vllms_own_prefix_hit(models, tmp_path):
 
 def test_the_blend_reads_the_prefix_from_the_blocks_and_never_writes_it(models, tmp_path):
     """The held prefix is whatever the shared blocks hold (here: altered KV): the blend attends to it
-    from the check layer on (where a full prefill would differ) and leaves those blocks untouched."""
+    in every layer, below the check layer too (its tokens are not computed again there), and leaves
+    those blocks untouched."""
     from lmi_server.kvcache.blend import paged
     from lmi_server.kvcache.blend.scheduling import BlendJob
     from lmi_server.kvcache.blend.settings import BlendConfig
@@ -198,7 +199,7 @@ def test_the_blend_reads_the_prefix_from_the_blocks_and_never_writes_it(models, 
         k, v = paged.gather(layer, held)
         assert torch.equal(k, (1.5 * fk[:block]).to(k.dtype)) and torch.equal(v, (1.5 * fv[:block]).to(v.dtype))
         k, _ = paged.gather(layer, rest)
-        if i <= config.check_layer:  # every token is computed in full below the check layer
+        if i == 0:  # layer 0's K depends on token and position alone
             torch.testing.assert_close(k, fk[block : n - 1], atol=1e-4, rtol=1e-4)
-        else:  # from there on the prompt attends to the KV the blocks held
+        else:  # the held prefix is trusted at every layer (never recomputed): the prompt attends to it
             assert not torch.allclose(k, fk[block : n - 1], atol=1e-4)
