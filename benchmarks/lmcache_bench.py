@@ -144,7 +144,7 @@ def plot(doc: dict) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle("LMCache's engine benchmark on the served assistant: blending off vs on (one run)", fontsize=9)
     fig.tight_layout()
-    out = RESULTS / "lmcache_bench.png"
+    out = RESULTS / f"{doc['args'].get('name', 'lmcache_bench')}.png"  # beside its JSON
     fig.savefig(out, dpi=110)
     return out
 
