@@ -92,13 +92,20 @@ def lmi_model_alias(parsed, state) -> None:
             parsed.model = name
 
 
-async def _generate(request: Request, parsed, headers: dict[str, str] | None, create, stream_kind: str = "sse"):
-    """Resolve the model/adapter, call one of vLLM's serving methods, shape the response."""
-    state = engine_state(request)
+async def check_messages_and_model(request: Request, parsed, state) -> None:
+    """What every route that hands a chat or completion body to vLLM checks first: content parts
+    the model cannot read and foreign message formats (400), images against the media policy
+    (multimodal models), and LMI's `"model": "lmi"` alias."""
     reject_foreign_messages(parsed, state)
     if getattr(getattr(state.engine, "model_config", None), "is_multimodal_model", False):
         await asyncio.to_thread(check_messages, getattr(parsed, "messages", None) or [], request.app.state.media_policy)
     lmi_model_alias(parsed, state)
+
+
+async def _generate(request: Request, parsed, headers: dict[str, str] | None, create, stream_kind: str = "sse"):
+    """Resolve the model/adapter, call one of vLLM's serving methods, shape the response."""
+    state = engine_state(request)
+    await check_messages_and_model(request, parsed, state)
     await request.app.state.model_resolver(request, parsed)
     request.app.state.cache_salter(request, parsed)
     await admit(request, state, parsed=parsed)

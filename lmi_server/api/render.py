@@ -13,20 +13,12 @@ health checks. Rendering takes no engine slot: it tokenizes, it does not generat
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from lmi_server.api.generation import call_serving
-from lmi_server.api.media import check_messages
-from lmi_server.api.openai import (
-    _read_and_parse,
-    chat_request_type,
-    completion_request_type,
-    lmi_model_alias,
-    reject_foreign_messages,
-)
+from lmi_server.api.openai import _read_and_parse, chat_request_type, check_messages_and_model, completion_request_type
 
 CHAT_RENDER = "/v1/chat/completions/render"
 COMPLETION_RENDER = "/v1/completions/render"
@@ -38,10 +30,7 @@ router = APIRouter()
 async def _render(request: Request, request_type: Any, route: Any):
     parsed = await _read_and_parse(request, request_type)  # 503 until the engine is ready
     state = request.app.state.engine_owner.state
-    reject_foreign_messages(parsed, state)  # as on /v1/chat/completions: a 400, not vLLM's 500
-    if getattr(getattr(state.engine, "model_config", None), "is_multimodal_model", False):
-        await asyncio.to_thread(check_messages, getattr(parsed, "messages", None) or [], request.app.state.media_policy)
-    lmi_model_alias(parsed, state)
+    await check_messages_and_model(request, parsed, state)  # as on /v1/chat/completions: a 400, not vLLM's 500
     # vLLM's route functions read the handler from the app's state: the running engine's.
     request.app.state.serving_render = getattr(state.serving, "serving_render", None)
     return await call_serving(route(parsed, request), request)

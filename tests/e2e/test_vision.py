@@ -255,19 +255,28 @@ def test_one_hundred_images_in_one_prompt(server, held_out, tv):
 # ---------------------------------------------------------------------------------------------
 
 
+def two_pictures(server, held_out, tv):
+    """`ask("red")` / `ask("blue")`: the long system prompt and one question about a held-out red
+    circle or blue square; answers (text, prompt tokens, cached tokens)."""
+    urls = {colour: data_url(png(tv.draw(pick(held_out, colour, shape)))) for colour, shape in (("red", "circle"), ("blue", "square"))}
+
+    def ask(colour: str) -> tuple[str, int, int]:
+        return answer_and_cached(server, messages(urls[colour], "Describe the figure.", SYSTEM))
+
+    return ask
+
+
 def test_prefix_cache_never_shares_kv_between_pictures(server, held_out, tv):
     """vLLM's prefix cache (on by default, LMCache off here): the same long system prompt and
     question with another picture reuses only the block before the picture; the same picture and
     text again reuses every full block, and answers as it did."""
-    red = data_url(png(tv.draw(pick(held_out, "red", "circle"))))
-    blue = data_url(png(tv.draw(pick(held_out, "blue", "square"))))
-    question = "Describe the figure."
-    first, prompt_tokens, cached0 = answer_and_cached(server, messages(red, question, SYSTEM))
+    ask = two_pictures(server, held_out, tv)
+    first, prompt_tokens, cached0 = ask("red")
     assert prompt_tokens >= 256 and cached0 == 0
-    other, _, cached_other = answer_and_cached(server, messages(blue, question, SYSTEM))
+    other, _, cached_other = ask("blue")
     assert cached_other < 256, "the block holding the picture was reused for another picture"
     assert "blue" in other and "red" not in other
-    again, _, cached_again = answer_and_cached(server, messages(red, question, SYSTEM))
+    again, _, cached_again = ask("red")
     assert cached_again >= 256 and again == first
     assert "red" in again
 
@@ -286,17 +295,15 @@ def lmcache_server(tmp_path_factory):
 def test_lmcache_never_shares_kv_between_pictures(lmcache_server, held_out, tv):
     """LMCache's chunk keys carry the picture: another picture with the same text is a miss, the
     same picture and text a 256-token hit with the same answer."""
-    red = data_url(png(tv.draw(pick(held_out, "red", "circle"))))
-    blue = data_url(png(tv.draw(pick(held_out, "blue", "square"))))
-    question = "Describe the figure."
-    first, prompt_tokens, cached0 = answer_and_cached(lmcache_server, messages(red, question, SYSTEM))
+    ask = two_pictures(lmcache_server, held_out, tv)
+    first, prompt_tokens, cached0 = ask("red")
     assert prompt_tokens >= 256 and cached0 == 0
-    other, _, cached_other = answer_and_cached(lmcache_server, messages(blue, question, SYSTEM))
+    other, _, cached_other = ask("blue")
     assert cached_other == 0, "LMCache served the first picture's chunk for another picture"
     assert "blue" in other and "red" not in other
-    again, _, cached_again = answer_and_cached(lmcache_server, messages(red, question, SYSTEM))
+    again, _, cached_again = ask("red")
     assert cached_again == 256 and again == first
-    other_again, _, cached_other_again = answer_and_cached(lmcache_server, messages(blue, question, SYSTEM))
+    other_again, _, cached_other_again = ask("blue")
     assert cached_other_again == 256 and other_again == other
     metrics = httpx.get(lmcache_server.base_url + "/metrics", timeout=30).text
     hits = [line for line in metrics.splitlines() if line.startswith("vllm:external_prefix_cache_hits_total")]
