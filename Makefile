@@ -10,7 +10,7 @@ PORT   ?= 8080
 # cpu or gpu; detected from the host unless given.
 FLAVOUR ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 
-.PHONY: setup serve test unit e2e cluster cluster-down clean-venv
+.PHONY: setup serve test unit e2e cluster cluster-down clean-venv images image-cpu image-gpu test-images
 
 setup: $(STAMP)
 
@@ -48,6 +48,20 @@ unit: setup
 
 e2e: setup
 	$(PY) -m pytest tests/e2e
+
+# The images (Dockerfile.cpu, Dockerfile): Docker's daemon is started when none runs; where no registry
+# answers, local stand-ins replace the base images (scripts/containers.sh, README "Containers").
+images: image-cpu image-gpu
+
+image-cpu:
+	scripts/containers.sh build cpu
+
+image-gpu:
+	scripts/containers.sh build gpu
+
+# Build both images and run them as their users do (LMI_BUILD_GPU_IMAGE=1 rebuilds the GPU image).
+test-images: setup
+	$(PY) -m pytest tests/e2e/test_containers.py
 
 # The Helm chart's CPU profile (values-cpu.yaml) on loopback: Redis + replicas + vllm-router (deploy/README.md).
 cluster: setup

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from lmi_server.config.schema import ConfigError
+from lmi_server.host_requirements import HOST_REQUIREMENT_EXIT_CODE, HostRequirementError
 
 log = logging.getLogger("lmi_server")
 
@@ -41,11 +42,13 @@ def cmd_serve(args) -> int:
     from lmi_server.api.app import create_app
     from lmi_server.api.lifecycle import DrainingServer, exit_after_serving
     from lmi_server.api.auth import load_api_keys, warn_if_unprotected
+    from lmi_server.host_requirements import check_host
     from lmi_server.runtime import resolve_runtime
 
     cfg = _load(args)
     warn_if_unprotected(args.host, load_api_keys(cfg.security, cfg.model_dir))
     runtime = resolve_runtime(cfg, build_demo=True)
+    check_host(runtime.engine_args)
     runtime.apply_environment()
     runtime.log_start_up(log)
     if runtime.engine_memory:
@@ -92,6 +95,18 @@ def cmd_options(args) -> int:
     return 0
 
 
+def default_port() -> int:
+    """SageMaker names the port in SAGEMAKER_BIND_TO_PORT (multi-container endpoints); 8080 otherwise."""
+    import os
+
+    value = os.environ.get("SAGEMAKER_BIND_TO_PORT", "").strip()
+    if not value:
+        return 8080
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise SystemExit(f"lmi-server: SAGEMAKER_BIND_TO_PORT={value!r} is not a port number")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmi-server", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the configured model (or the embedded demo model)")
     _add_config_args(serve)
     serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--port", type=int, default=default_port(), help="default: $SAGEMAKER_BIND_TO_PORT, else 8080")
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--graceful-timeout", type=float, default=None, help="seconds in-flight requests get on SIGTERM (default: option.graceful_shutdown_timeout)")
     serve.set_defaults(func=cmd_serve)
@@ -131,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"lmi-server: {exc}", file=sys.stderr)
         return 2
+    except HostRequirementError as exc:
+        print(f"lmi-server: cannot start: {exc}", file=sys.stderr)
+        return HOST_REQUIREMENT_EXIT_CODE
 
 
 if __name__ == "__main__":

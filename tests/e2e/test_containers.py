@@ -1,0 +1,190 @@
+"""Both images built and run as their users run them: `docker run` with Docker's defaults, the
+README's run command, SageMaker's `docker run IMAGE serve` with a read-only /opt/ml/model.
+
+Base images cannot be pulled here: scripts/containers.sh builds local stand-ins and passes them as
+BASE_IMAGE. The GPU image is built when its inputs changed since the last verified build
+(tests/data/gpu_image_verified.json) or when LMI_BUILD_GPU_IMAGE=1; otherwise the record of that
+build is checked against the inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from lmi_server.host_requirements import HOST_REQUIREMENT_EXIT_CODE
+from lmi_server.kvcache.resolve import free_local_port
+from tests.support import containers as c
+
+pytestmark = pytest.mark.timeout(3600)
+
+FIGURES = Path(os.environ.get("LMI_CONTAINER_FIGURES", "")) if os.environ.get("LMI_CONTAINER_FIGURES") else None
+KIT_MODEL = c.REPO / "lmi_server" / "demo" / "kit" / "target"
+QWEN_7B_CONFIG = c.REPO / "tests" / "data" / "model_configs" / "qwen2.5-7b-instruct" / "config.json"
+
+
+def record(key: str, value) -> None:
+    """Figures for benchmarks/containers.py (only when it asks for them)."""
+    if FIGURES is None:
+        return
+    data = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    data[key] = value
+    FIGURES.write_text(json.dumps(data, indent=2))
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    c.daemon_up()
+    yield
+    c.daemon_down()
+
+
+@pytest.fixture(scope="module")
+def cpu_image(daemon, tmp_path_factory):
+    seconds = c.build("cpu", tmp_path_factory.mktemp("build") / "cpu.log")
+    image = c.tag("cpu")
+    record("cpu_image", {"build_s": round(seconds, 1), "bytes": c.image_bytes(image)})
+    return image
+
+
+def test_dockers_defaults_stop_at_once_naming_the_fix(cpu_image):
+    """`docker run IMAGE` gets 64 MiB of /dev/shm, too little for vLLM's engine: one line, non-zero, seconds."""
+    code, output, seconds = c.run_to_exit(cpu_image, timeout_s=180)
+    assert code == HOST_REQUIREMENT_EXIT_CODE, output
+    lines = [line for line in output.splitlines() if "cannot start" in line]
+    assert len(lines) == 1, output
+    assert "/dev/shm" in lines[0] and "--shm-size" in lines[0] and "--ipc=host" in lines[0]
+    assert seconds < 90, f"took {seconds:.0f} s to refuse"
+    record("default_shm_exit", {"exit_code": code, "seconds": round(seconds, 1), "line": lines[0]})
+
+
+def test_the_readmes_run_command_answers_the_readmes_question(cpu_image):
+    """The README's command (`docker run --shm-size=1g ...`) with no model: the embedded assistant answers."""
+    box = c.Container(cpu_image, free_local_port(), options=["--shm-size=1g"]).start()
+    try:
+        ready_s = box.wait_ready()
+        client = OpenAI(base_url=box.base_url + "/v1", api_key="unused", timeout=300)
+        reply = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0, max_tokens=24,
+        )
+        answer = reply.choices[0].message.content
+        assert "Paris" in answer, answer
+        record("cpu_default_model", {"ready_s": round(ready_s, 1), "answer": answer})
+    finally:
+        box.stop()
+
+
+def tree(path: Path) -> dict[str, tuple[int, float]]:
+    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime) for p in sorted(path.rglob("*"))}
+
+
+def test_sagemaker_serves_a_read_only_model_directory(cpu_image, tmp_path):
+    """SageMaker's way: the model and serving.properties in /opt/ml/model (read-only), OPTION_* given
+    with -e, `docker run IMAGE serve`, port 8080 unless SAGEMAKER_BIND_TO_PORT says otherwise."""
+    model = tmp_path / "model"
+    shutil.copytree(KIT_MODEL, model)
+    (model / "serving.properties").write_text(
+        "engine=Python\noption.dtype=fp32\noption.enforce_eager=true\noption.cpu_kv_cache_space=1\n"
+    )
+    for p in [model, *model.rglob("*")]:
+        p.chmod(p.stat().st_mode | stat.S_IROTH | (stat.S_IXOTH if p.is_dir() else 0))
+    before = tree(model)
+    box = c.Container(
+        cpu_image, free_local_port(), command=["serve"],
+        options=["--shm-size=1g", "-v", f"{model}:/opt/ml/model:ro", "-e", "OPTION_MAX_MODEL_LEN=1024",
+                 "-e", "OPTION_MAX_ROLLING_BATCH_SIZE=4"],
+    ).start()
+    try:
+        ready_s = box.wait_ready()
+        import httpx
+
+        models = httpx.get(box.base_url + "/v1/models", timeout=30).json()["data"]
+        assert models[0]["max_model_len"] == 1024, models  # OPTION_MAX_MODEL_LEN reached the engine
+        out = httpx.post(box.base_url + "/invocations", timeout=300,
+                         json={"inputs": "def add(a, b):", "parameters": {"max_new_tokens": 8, "details": True}})
+        assert out.status_code == 200, out.text
+        body = out.json()
+        body = body[0] if isinstance(body, list) else body
+        assert body["details"]["generated_tokens"] == 8 and body["generated_text"], body
+        record("cpu_sagemaker_layout", {"ready_s": round(ready_s, 1)})
+    finally:
+        box.stop()
+    assert tree(model) == before, "the server wrote into /opt/ml/model"
+
+
+# --- GPU image ---------------------------------------------------------------------------------
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+# Eight H100s, as nvidia-smi prints them; the driver version of a CUDA 13.0 host.
+case "$*" in
+  *-L*) i=0; while [ $i -lt 8 ]; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-0000000$i)"; i=$((i+1)); done ;;
+  *driver_version*) i=0; while [ $i -lt 8 ]; do echo "580.65.06"; i=$((i+1)); done ;;
+  *memory.total*) i=0; while [ $i -lt 8 ]; do echo "NVIDIA H100 80GB HBM3, 81559"; i=$((i+1)); done ;;
+  *) echo "NVIDIA-SMI 580.65.06"; ;;
+esac
+"""
+
+
+def gpu_checks(image: str, tmp_path: Path) -> dict[str, str]:
+    """The three things the GPU image must do on a host without a GPU."""
+    results = {}
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(FAKE_NVIDIA_SMI)
+    fake.chmod(0o755)
+    model = tmp_path / "qwen"
+    model.mkdir()
+    shutil.copy(QWEN_7B_CONFIG, model / "config.json")
+    model.chmod(0o755)
+    (model / "config.json").chmod(0o644)
+    # 1. `lmi-server config` for a GPU deployment prints its plan.
+    code, out, _ = c.run_to_exit(image, "-v", f"{fake}:/usr/local/bin/nvidia-smi:ro", "-v", f"{model}:/opt/ml/model:ro",
+                                 command=("config", "--model-dir", "/opt/ml/model"), timeout_s=300)
+    assert code == 0, out
+    plan = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    assert "tensor_parallel_size" in json.dumps(plan), plan
+    results["config"] = "printed a GPU plan for Qwen2.5-7B-Instruct on 8 x H100"
+    # 2. LMCache's CUDA ops import against the image's torch.
+    code, out, _ = c.run_to_exit(image, "--entrypoint", "python3", command=("-c", "import lmcache.cuda_ops, torch; print(torch.__version__)"))
+    assert code == 0, out
+    results["lmcache_cuda_ops"] = f"imports with torch {out.strip().splitlines()[-1]}"
+    # 3. `serve` without a GPU stops at once naming the GPU and the driver.
+    code, out, seconds = c.run_to_exit(image, "--shm-size=1g", command=("serve",), timeout_s=300)
+    assert code == HOST_REQUIREMENT_EXIT_CODE, out
+    line = next(line for line in out.splitlines() if "cannot start" in line)
+    assert "no NVIDIA GPU" in line and "R580" in line, line
+    results["serve_without_gpu"] = f"exit {code} after {seconds:.0f} s: {line}"
+    return results
+
+
+def test_gpu_image_installs_on_its_base_and_knows_it_has_no_gpu(tmp_path):
+    digest = c.gpu_image_inputs_digest()
+    verified = json.loads(c.GPU_IMAGE_VERIFIED.read_text()) if c.GPU_IMAGE_VERIFIED.exists() else {}
+    if verified.get("inputs_sha256") == digest and os.environ.get("LMI_BUILD_GPU_IMAGE") != "1":
+        # Built and checked with exactly these inputs; the record says what was seen.
+        assert set(verified["checks"]) == {"config", "lmcache_cuda_ops", "serve_without_gpu"}
+        assert verified["base"].startswith("lmi-standin/vllm-openai:v0.32.0")
+        return
+    c.daemon_up()
+    seconds = c.build("gpu", tmp_path / "gpu.log")
+    image = c.tag("gpu")
+    checks = gpu_checks(image, tmp_path)
+    record_ = {
+        "inputs_sha256": digest,
+        "inputs": list(c.GPU_IMAGE_INPUTS),
+        "base": "lmi-standin/vllm-openai:v0.32.0 (bookworm, its python3, vllm==0.32.0 CUDA wheels from PyPI)",
+        "built": time.strftime("%Y-%m-%d"),
+        "build_s": round(seconds, 1),
+        "image_bytes": c.image_bytes(image),
+        "checks": checks,
+    }
+    c.GPU_IMAGE_VERIFIED.write_text(json.dumps(record_, indent=2) + "\n")
+    record("gpu_image", {"build_s": record_["build_s"], "bytes": record_["image_bytes"], "checks": checks})
