@@ -363,35 +363,12 @@ _SPECIAL = {
 }
 
 
-def _attention_heads(model_path: str) -> int | None:
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    heads = config.get("num_attention_heads") or (config.get("text_config") or {}).get("num_attention_heads")
-    return int(heads) if isinstance(heads, int) and heads > 0 else None
-
-
-def apply_gpu_defaults(engine_args: dict[str, Any], *, gpus: int, model_path: str | None, builtin: bool) -> dict[str, str]:
+def apply_lmi_defaults(engine_args: dict[str, Any]) -> dict[str, str]:
     """LMI's defaults where they differ from vLLM's; returns engine argument -> why, for the log.
 
-    Tensor parallelism: every visible GPU (divided by pipeline and data parallelism) unless set, as
-    LMI's TENSOR_PARALLEL_DEGREE=max default; on a CPU host it stays vLLM's 1. The built-in models are
-    too small to shard. A local model whose attention heads the GPU count does not divide gets the
-    largest degree that divides them (LMI would fail at start-up). LoRA: max_loras 4 (vLLM: 1)."""
+    LoRA: max_loras 4 (vLLM: 1). The tensor-parallel default is `tensor_parallel`'s (it needs the
+    model and the GPUs)."""
     why: dict[str, str] = {}
-    if gpus > 0 and not builtin and "tensor_parallel_size" not in engine_args:
-        others = int(engine_args.get("pipeline_parallel_size") or 1) * int(engine_args.get("data_parallel_size") or 1)
-        tp = max(1, gpus // max(1, others))
-        heads = _attention_heads(model_path) if model_path else None
-        reason = f"every visible GPU ({gpus}"
-        reason += f" / {others} pipeline x data parallel ranks)" if others > 1 else ")"
-        if heads is not None and heads % tp:
-            fitting = max(d for d in range(1, tp + 1) if heads % d == 0)
-            reason += f", lowered to {fitting} to divide the model's {heads} attention heads"
-            tp = fitting
-        engine_args["tensor_parallel_size"] = tp
-        why["tensor_parallel_size"] = f"{tp}: {reason}, LMI's default; set option.tensor_parallel_degree to choose"
     if engine_args.get("enable_lora") and "max_loras" not in engine_args:
         engine_args["max_loras"] = LMI_DEFAULT_MAX_LORAS
         why["max_loras"] = f"{LMI_DEFAULT_MAX_LORAS}: LMI's default with option.enable_lora=true (vLLM's is 1)"

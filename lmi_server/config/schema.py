@@ -21,7 +21,7 @@ from lmi_server.config import host
 from lmi_server.config.model_kind import ModelKind, decide_kind
 from lmi_server.config.lmi_compat import (
     EnvironmentReading,
-    apply_gpu_defaults,
+    apply_lmi_defaults,
     keys_of,
     lmi_aliases,
     not_applicable_options,
@@ -37,6 +37,7 @@ from lmi_server.config.options import (
     SpeculativeOptions,
     TenantOptions,
 )
+from lmi_server.config.tensor_parallel import plan_tensor_parallel
 from lmi_server.redact import mask_value
 
 DEFAULT_MODEL_DIR = Path("/opt/ml/model")
@@ -277,6 +278,13 @@ def _builtin_model(name: str, served_names: list[str]) -> ResolvedModel:
     return ResolvedModel(source="assistant", path_or_id=str(default_dir()), served_names=served_names)
 
 
+def _from_instance_gpu_count(raw: str, environment: EnvironmentReading, sources: dict[str, str] | None) -> bool:
+    """Whether the degree is SageMaker's SM_NUM_GPUS (the instance's GPU count, set for every
+    endpoint) rather than a degree someone chose: it is then a bound, as `max` is."""
+    said = environment.translated.get("SM_NUM_GPUS")
+    return said == f"option.tensor_parallel_degree={raw}" and (sources or {}).get("option.tensor_parallel_degree") == "env"
+
+
 def build_serving_config(
     properties: dict[str, str],
     model_dir: Path = DEFAULT_MODEL_DIR,
@@ -352,10 +360,11 @@ def build_serving_config(
             sections[name] = model()
 
     engine_args: dict[str, Any] = {}
+    tp_requested: str | None = None  # "max" or SageMaker's GPU count: a bound, resolved with the model
     for target, (written, raw) in engine_raw.items():
         try:
             if written == "tensor_parallel_degree" and raw.strip().lower() == "max":
-                engine_args[target] = max(1, host.gpu_count())
+                tp_requested = "max"
                 continue
             if target == "dtype":
                 raw = LMI_DTYPES.get(raw.strip().lower(), raw)
@@ -363,6 +372,8 @@ def build_serving_config(
             if target == "reasoning_parser" and "reasoning_parser_plugin" in engine_raw:
                 desc = {k: v for k, v in desc.items() if k != "known"}  # the plugin may register it
             engine_args[target] = coerce_engine_value(target, raw, desc)
+            if written == "tensor_parallel_degree" and _from_instance_gpu_count(raw, environment, sources):
+                tp_requested = f"instance:{engine_args.pop(target)}"
         except ValueError as exc:
             problems.append(f"option.{written}={raw!r}: {exc} (example: {_example(written, table[target])})")
 
@@ -383,9 +394,19 @@ def build_serving_config(
         raise ConfigError(problems)
 
     engine_args.update(lmi.engine_args)
-    defaults = apply_gpu_defaults(
-        engine_args, gpus=host.gpu_count(), model_path=model.path_or_id, builtin=model.source in BUILTIN_SOURCES
+    tp = plan_tensor_parallel(
+        engine_args,
+        requested=tp_requested,
+        inventory=host.gpu_inventory(),
+        model_path=None if model.source in ("hub", "s3") else model.path_or_id,
+        builtin=model.source in BUILTIN_SOURCES,
     )
+    if tp.problems:
+        raise ConfigError(tp.problems)
+    if tp.degree is not None:
+        engine_args["tensor_parallel_size"] = tp.degree
+    defaults = {"tensor_parallel_size": tp.why} if tp.why else {}
+    defaults.update(apply_lmi_defaults(engine_args))
     kind = decide_kind(
         engine_args,
         model.path_or_id if model.source in ("local", "embedding", "vision") else None,

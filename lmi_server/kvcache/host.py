@@ -10,14 +10,14 @@ before the cache server starts, instead of a stream of failed writes afterwards.
 from __future__ import annotations
 
 import errno
-import json
 import mmap
 import os
-import shutil
-import subprocess
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from lmi_server.config.host import nvidia_smi_gpus
+from lmi_server.config.weights import safetensors_bytes
 
 GIB = 1 << 30
 
@@ -77,21 +77,10 @@ def read_meminfo(path: str = "/proc/meminfo") -> tuple[int, int]:
 
 def probe_gpus(timeout_s: float = 5.0) -> GPUInfo | None:
     """GPU count and memory from `nvidia-smi`; None without one (no torch import)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=timeout_s, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    rows = [r.split(",") for r in out.strip().splitlines() if r.strip()]
+    rows = nvidia_smi_gpus(timeout_s)
     if not rows:
         return None
-    mem_mib = min(int(r[1].strip()) for r in rows)
-    return GPUInfo(count=len(rows), memory_bytes_each=mem_mib * (1 << 20), name=rows[0][0].strip())
+    return GPUInfo(count=len(rows), memory_bytes_each=min(mib for _, mib in rows) * (1 << 20), name=rows[0][0])
 
 
 def _fs_type(path: Path) -> str | None:
@@ -122,24 +111,6 @@ def probe_disk(path: Path) -> DiskInfo:
     anchor = _nearest_existing(path)
     st = os.statvfs(anchor)
     return DiskInfo(path=path, free_bytes=st.f_bavail * st.f_frsize, block_size=st.f_bsize, fs_type=_fs_type(anchor))
-
-
-def safetensors_bytes(model_dir: Path | None) -> int | None:
-    """The weights' bytes in a local model directory: the `metadata.total_size` that a sharded
-    model's `model.safetensors.index.json` states (known before, or without, every shard on disk),
-    else the sum of `*.safetensors` file sizes; None if neither is there."""
-    if model_dir is None or not model_dir.is_dir():
-        return None
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-        except (OSError, ValueError, AttributeError):
-            total = None
-        if isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0:
-            return int(total)
-    sizes = [p.stat().st_size for p in model_dir.glob("*.safetensors")]
-    return sum(sizes) if sizes else None
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(3600)
 
 FIGURES = Path(os.environ.get("LMI_CONTAINER_FIGURES", "")) if os.environ.get("LMI_CONTAINER_FIGURES") else None
 KIT_MODEL = c.REPO / "lmi_server" / "demo" / "kit" / "target"
-QWEN_7B_CONFIG = c.REPO / "tests" / "data" / "model_configs" / "qwen2.5-7b-instruct" / "config.json"
+QWEN_7B_CONFIG = c.REPO / "tests" / "data" / "model_configs" / "Qwen2.5-7B-Instruct" / "config.json"
 
 
 def record(key: str, value) -> None:

@@ -92,3 +92,27 @@ def test_lmi_lmcache_recipe_starts_this_servers_lmcache(tmp_path):
     assert doc["lmcache"]["lmcache_config_file"] == "cpu.yaml"
     assert doc["lmcache_plan"]["mode"] == "mp"
     assert doc["vllm_engine_args"]["kv_transfer_config"]["kv_role"] == "kv_both"
+
+
+def test_tensor_parallel_degree_follows_what_vllm_accepts_on_the_gpus_seen(tmp_path):
+    """Qwen2.5-7B (28 heads, 4 KV heads) on a faked 8 x H100: `max` gives 4; 8 is refused by name."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        '#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do\n  if [ "$1" = "-L" ]; then echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"\n'
+        '  else echo "NVIDIA H100 80GB HBM3, 81559"; fi\ndone\n'
+    )
+    smi.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((REPO / "tests/data/model_configs/Qwen2.5-7B-Instruct/config.json").read_text())
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    out = run_config(model, "option.tensor_parallel_degree=max\n", env)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["vllm_engine_args"]["tensor_parallel_size"] == 4
+    assert "28 attention heads are not divisible by 8" in doc["lmi_defaults"]["tensor_parallel_size"]
+    out = run_config(model, "option.tensor_parallel_degree=8\n", env)
+    assert out.returncode == 2
+    assert "option.tensor_parallel_degree=8: vLLM refuses it" in out.stderr and "visible: 1, 2, 4" in out.stderr
