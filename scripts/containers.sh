@@ -57,6 +57,19 @@ daemon_down() {
 
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
+# Build a stand-in base from CTX/Dockerfile unless TAG was built from the same recipe (a label
+# carries the recipe's digest, so a changed recipe rebuilds on a host that kept an older image).
+standin_build() {
+    local tag="$1" ctx="$2" digest have
+    digest="$(sha256sum "$ctx/Dockerfile" | cut -c1-16)"
+    have="$(docker image inspect --format '{{index .Config.Labels "lmi.standin.recipe"}}' "$tag" 2>/dev/null || true)"
+    if [ "$have" = "$digest" ]; then rm -rf "$ctx"; return 0; fi
+    log "building $tag (recipe $digest)"
+    docker build --network host --label "lmi.standin.recipe=$digest" -t "$tag" "$ctx" >"$ctx.log" 2>&1 \
+        || { tail -30 "$ctx.log" >&2; rm -rf "$ctx" "$ctx.log"; exit 1; }
+    rm -rf "$ctx" "$ctx.log"
+}
+
 bookworm_base() {
     image_exists "$STANDIN_BOOKWORM" && return 0
     command -v debootstrap >/dev/null || { log "debootstrap not found: apt-get install debootstrap"; exit 2; }
@@ -81,14 +94,14 @@ host_build_files() {
 }
 
 cpu_base() {
-    image_exists "$STANDIN_CPU_BASE" && return 0
     bookworm_base
     local ctx; ctx="$(mktemp -d)"
     host_build_files "$ctx" with-wheels
-    # python:3.11-slim's shape: python, pip on PATH; bookworm's python3 is 3.11.
+    # python:3.11-slim's shape: python, pip on PATH, the C headers (torch's compiler needs Python.h);
+    # bookworm's python3 is 3.11.
     cat >"$ctx/Dockerfile" <<EOF
 FROM $STANDIN_BOOKWORM
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev ca-certificates \
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /usr/local/python
 COPY host-ca.crt /etc/ssl/certs/host-ca.crt
 COPY wheels /opt/host-wheels
@@ -96,9 +109,7 @@ ENV PATH=/usr/local/python/bin:\$PATH PIP_CERT=/etc/ssl/certs/host-ca.crt SSL_CE
     PIP_FIND_LINKS=/opt/host-wheels PIP_RETRIES=1 PIP_TIMEOUT=20 PIP_DISABLE_PIP_VERSION_CHECK=1
 CMD ["python3"]
 EOF
-    log "building $STANDIN_CPU_BASE"
-    docker build --network host -q -t "$STANDIN_CPU_BASE" "$ctx" >/dev/null
-    rm -rf "$ctx"
+    standin_build "$STANDIN_CPU_BASE" "$ctx"
 }
 
 # A CPython 3.12 to stand in for the one vLLM's image carries (Debian has none): the host's own build
@@ -111,26 +122,17 @@ host_python312() {
     return 1
 }
 
-gpu_base() {
-    image_exists "$STANDIN_GPU_BASE" && return 0
-    bookworm_base
-    local ctx py312 python_step
-    ctx="$(mktemp -d)"
-    host_build_files "$ctx"
+# The GPU stand-in's recipe: what vllm/vllm-openai has, a system python3 (3.12) with pip and vLLM's
+# CUDA wheels installed system-wide.
+gpu_recipe() {
+    local py312 python_step
     if py312="$(host_python312)"; then
-        log "Python 3.12 for the stand-in: $py312"
-        # The build keeps its prefix (compiled into it); the interpreter, its library and pip travel.
-        mkdir -p "$ctx/python312"
-        tar -C "$py312" --exclude='./lib/python3.12/test' --exclude='./lib/python3.12/site-packages/*.pth' \
-            --exclude='__pycache__' -c . | tar -C "$ctx/python312" -x
         python_step="COPY python312 $py312
 RUN ln -sf $py312/bin/python3.12 /usr/local/bin/python3 && ln -sf $py312/bin/python3.12 /usr/local/bin/python3.12 && python3 -m pip --version"
     else
-        log "no Python 3.12 on this host: the GPU stand-in carries bookworm's Python 3.11"
         python_step="RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-pip python3-dev && rm -rf /var/lib/apt/lists/* && rm -f /usr/lib/python3*/EXTERNALLY-MANAGED"
     fi
-    # What vllm/vllm-openai has: a system python3 (3.12) with pip, vLLM's CUDA wheels installed system-wide.
-    cat >"$ctx/Dockerfile" <<EOF
+    cat <<EOF
 FROM $STANDIN_BOOKWORM
 RUN apt-get update && apt-get install -y --no-install-recommends gcc g++ libnuma1 ca-certificates libssl3 \
     libsqlite3-0 libffi8 zlib1g libbz2-1.0 liblzma5 libreadline8 libncursesw6 libgdbm6 libuuid1 \
@@ -142,9 +144,24 @@ ENV PIP_CERT=/etc/ssl/certs/host-ca.crt SSL_CERT_FILE=/etc/ssl/certs/host-ca.crt
 RUN python3 -m pip install --no-cache-dir "$VLLM_GPU_PIN"
 ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 EOF
-    log "building $STANDIN_GPU_BASE (vLLM's CUDA wheels: several GB)"
-    docker build --network host -t "$STANDIN_GPU_BASE" "$ctx" >"$ctx.log" 2>&1 || { tail -30 "$ctx.log" >&2; exit 1; }
-    rm -rf "$ctx" "$ctx.log"
+}
+
+gpu_base() {
+    bookworm_base
+    local ctx py312
+    ctx="$(mktemp -d)"
+    host_build_files "$ctx"
+    if py312="$(host_python312)"; then
+        log "Python 3.12 for the stand-in: $py312"
+        # The build keeps its prefix (compiled into it); the interpreter, its library and pip travel.
+        mkdir -p "$ctx/python312"
+        tar -C "$py312" --exclude='./lib/python3.12/test' --exclude='./lib/python3.12/site-packages/*.pth' \
+            --exclude='__pycache__' -c . | tar -C "$ctx/python312" -x
+    else
+        log "no Python 3.12 on this host: the GPU stand-in carries bookworm's Python 3.11"
+    fi
+    gpu_recipe >"$ctx/Dockerfile"
+    standin_build "$STANDIN_GPU_BASE" "$ctx"
 }
 
 tag_of() { echo "$PREFIX:$1"; }
@@ -158,6 +175,7 @@ build_image() {
     esac
     log "building $(tag_of "$flavour") from $base"
     docker build --network host --build-arg "BASE_IMAGE=$base" -f "$dockerfile" -t "$(tag_of "$flavour")" "$ROOT"
+    docker image prune -f >/dev/null  # the previous build's layers, now untagged
 }
 
 case "${1:-}" in
@@ -166,5 +184,6 @@ case "${1:-}" in
     base) daemon_up; case "${2:-}" in cpu) cpu_base ;; gpu) gpu_base ;; *) log "base cpu|gpu"; exit 2 ;; esac ;;
     build) daemon_up; build_image "${2:-}" ;;
     tag) tag_of "${2:-}" ;;
+    gpu-recipe) gpu_recipe ;;
     *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
