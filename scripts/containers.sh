@@ -125,8 +125,10 @@ host_python312() {
 # The GPU stand-in's recipe: what vllm/vllm-openai has, a system python3 (3.12) with pip and vLLM's
 # CUDA wheels installed system-wide.
 gpu_recipe() {
-    local py312 python_step
+    local py312 python_step path_step=""
     if py312="$(host_python312)"; then
+        # Console scripts (vllm, lmi-server) land in the interpreter's bin, on PATH as in vLLM's image.
+        path_step="ENV PATH=$py312/bin:\$PATH"
         python_step="COPY python312 $py312
 RUN ln -sf $py312/bin/python3.12 /usr/local/bin/python3 && ln -sf $py312/bin/python3.12 /usr/local/bin/python3.12 && python3 -m pip --version"
     else
@@ -142,6 +144,7 @@ COPY host-ca.crt /etc/ssl/certs/host-ca.crt
 ENV PIP_CERT=/etc/ssl/certs/host-ca.crt SSL_CERT_FILE=/etc/ssl/certs/host-ca.crt PIP_RETRIES=1 PIP_TIMEOUT=20 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m pip install --no-cache-dir "$VLLM_GPU_PIN"
+$path_step
 ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 EOF
 }

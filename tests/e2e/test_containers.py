@@ -150,12 +150,17 @@ def gpu_checks(image: str, tmp_path: Path) -> dict[str, str]:
                                  command=("config", "--model-dir", "/opt/ml/model"), timeout_s=300)
     assert code == 0, out
     plan = json.loads(out[out.index("{"):out.rindex("}") + 1])
-    assert "tensor_parallel_size" in json.dumps(plan), plan
-    results["config"] = "printed a GPU plan for Qwen2.5-7B-Instruct on 8 x H100"
+    # 28 attention heads and 4 KV heads: 4 is the most of the 8 GPUs vLLM accepts.
+    assert plan["vllm_engine_args"]["tensor_parallel_size"] == 4, plan["lmi_defaults"]
+    assert "8 is refused" in plan["lmi_defaults"]["tensor_parallel_size"]
+    results["config"] = "Qwen2.5-7B-Instruct on 8 x H100 (faked nvidia-smi): " + plan["lmi_defaults"]["tensor_parallel_size"].split(";")[0]
     # 2. LMCache's CUDA ops import against the image's torch.
-    code, out, _ = c.run_to_exit(image, "--entrypoint", "python3", command=("-c", "import lmcache.cuda_ops, torch; print(torch.__version__)"))
+    code, out, _ = c.run_to_exit(image, "--entrypoint", "python3", command=(
+        "-c", "import sys, lmcache.cuda_ops, torch; print('torch=' + torch.__version__, 'python=' + sys.version.split()[0])"))
     assert code == 0, out
-    results["lmcache_cuda_ops"] = f"imports with torch {out.strip().splitlines()[-1]}"
+    versions = next(line for line in out.splitlines() if line.startswith("torch="))
+    assert versions.startswith("torch=2.13.0"), versions
+    results["lmcache_cuda_ops"] = f"import lmcache.cuda_ops works ({versions})"
     # 3. `serve` without a GPU stops at once naming the GPU and the driver.
     code, out, seconds = c.run_to_exit(image, "--shm-size=1g", command=("serve",), timeout_s=300)
     assert code == HOST_REQUIREMENT_EXIT_CODE, out
@@ -180,7 +185,7 @@ def test_gpu_image_installs_on_its_base_and_knows_it_has_no_gpu(tmp_path):
     record_ = {
         "inputs_sha256": digest,
         "inputs": list(c.GPU_IMAGE_INPUTS),
-        "base": "lmi-standin/vllm-openai:v0.32.0 (bookworm, its python3, vllm==0.32.0 CUDA wheels from PyPI)",
+        "base": "lmi-standin/vllm-openai:v0.32.0 (Debian bookworm, a CPython as python3, vllm==0.32.0's CUDA wheels from PyPI)",
         "built": time.strftime("%Y-%m-%d"),
         "build_s": round(seconds, 1),
         "image_bytes": c.image_bytes(image),
