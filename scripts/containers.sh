@@ -13,7 +13,8 @@
 #   scripts/containers.sh tag cpu|gpu        print the image's tag
 #
 # Environment: LMI_DOCKER_ROOT (dockerd's data folder), LMI_IMAGE_PREFIX (image names),
-# LMI_DEBIAN_MIRROR (debootstrap's mirror; apt's own by default).
+# LMI_DEBIAN_MIRROR (debootstrap's mirror; apt's own by default), LMI_IMAGE_BUILD_ARGS (more
+# `docker build` arguments for the images, e.g. --no-cache).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -177,7 +178,8 @@ build_image() {
         *) log "build cpu|gpu"; exit 2 ;;
     esac
     log "building $(tag_of "$flavour") from $base"
-    docker build --network host --build-arg "BASE_IMAGE=$base" -f "$dockerfile" -t "$(tag_of "$flavour")" "$ROOT"
+    # shellcheck disable=SC2086
+    docker build --network host ${LMI_IMAGE_BUILD_ARGS:-} --build-arg "BASE_IMAGE=$base" -f "$dockerfile" -t "$(tag_of "$flavour")" "$ROOT"
     docker image prune -f >/dev/null  # the previous build's layers, now untagged
 }
 
