@@ -10,7 +10,7 @@ PORT   ?= 8080
 # cpu or gpu; detected from the host unless given.
 FLAVOUR ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 
-.PHONY: setup serve test unit e2e cluster cluster-down clean-venv images image-cpu image-gpu test-images
+.PHONY: setup serve test unit e2e fuzz cluster cluster-down clean-venv images image-cpu image-gpu test-images
 
 setup: $(STAMP)
 
@@ -48,6 +48,11 @@ unit: setup
 
 e2e: setup
 	$(PY) -m pytest tests/e2e
+
+# The concurrent fuzzer of valid requests, long, over every shipped engine configuration in turn
+# (LMI_FUZZ_SECONDS per configuration, default 180; figures in benchmarks/results/fuzz_valid.json).
+fuzz: setup
+	$(PY) scripts/fuzz_valid.py
 
 # The images (Dockerfile.cpu, Dockerfile): Docker's daemon is started when none runs; where no registry
 # answers, local stand-ins replace the base images (scripts/containers.sh, README "Containers").

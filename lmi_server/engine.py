@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import json
 import logging
 import os
@@ -18,10 +19,13 @@ from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lmi_server import engine_launcher, startup_failure
 from lmi_server.config import host
 from lmi_server.config.model_kind import check_engine_kind
 from lmi_server.config.schema import ServingConfig
 from lmi_server.cpu_preload import plan_preload
+from lmi_server.engine_errors import ErrorReports
+from lmi_server.host_requirements import vllm_build
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +91,15 @@ def build_vllm_namespace(engine_args: dict[str, Any], frontend_args: dict[str, A
 class EngineState:
     """What the API layer reads: readiness, the engine client, vLLM's serving objects."""
 
-    status: str = "starting"  # starting | ready | failed | stopped
+    status: str = "starting"  # starting | ready | recovering | failed | stopped
     error: str | None = None
+    failure: startup_failure.StartupFailure | None = None  # why the last build failed, with the fix
     engine: Any = None
     serving: Any = None  # starlette State holding vLLM's serving objects
     args: Namespace | None = None
     started_at: float = field(default_factory=time.monotonic)
     ready_after_s: float | None = None
+    recoveries: int = 0  # engines rebuilt in this process after one died
 
     @property
     def healthy(self) -> bool:
@@ -114,7 +120,8 @@ def freeze_startup_heap() -> None:
 
 
 class EngineOwner:
-    """Starts the engine in the background (so /ping can answer 503 meanwhile) and stops it."""
+    """Starts the engine in the background (so /ping can answer 503 meanwhile), rebuilds it when it
+    died (asked by `api.lifecycle`, which decides whether that is safe), and stops it."""
 
     def __init__(
         self,
@@ -128,16 +135,42 @@ class EngineOwner:
         self.frontend_args = frontend_args if frontend_args is not None else dict(cfg.frontend_args)
         self.cache_server = cache_server  # LMCache MP server supervisor, started before the engine
         self.state = EngineState()
-        self._stack = contextlib.AsyncExitStack()
+        self._engines: list[Any] = []  # built engines not yet shut down (the running one, a dead one)
+        self._errors: ErrorReports | None = None  # what vLLM's engine processes died of
+        self._cache_started = False
         self._task: asyncio.Task | None = None
         self._orphans: set[asyncio.Future] = set()  # engine builds abandoned by a timeout/cancel
-        # Called once the engine is built, before it is reported ready (state built once, e.g. the
-        # adapter registry); a hook that raises is logged and does not fail the start.
+        # Called each time an engine is built (at start-up and after a rebuild), before it is reported
+        # ready (state built once and re-pointed at a new engine, e.g. the adapter registry); a hook
+        # that raises is logged and does not fail the start.
         self.on_ready: list[Callable[[], None]] = []
 
     def start_background(self) -> asyncio.Task:
         self._task = asyncio.create_task(self._start(), name="engine-start")
         return self._task
+
+    def recover_background(self) -> asyncio.Task:
+        """Replace the dead engine by a new one, built as at start-up, in this process: what the
+        app holds besides the engine (sessions, the adapter registry, the cache server) stays."""
+        dead = self.state.engine
+        reason = getattr(dead, "dead_error", None) or "engine died"
+        self.state.status = "recovering"
+        self.state.error = f"the engine died ({reason}) and is being rebuilt"
+        self._task = asyncio.create_task(self._recover(dead), name="engine-recover")
+        return self._task
+
+    async def _recover(self, dead: Any) -> None:
+        started = time.monotonic()
+        if dead is not None:
+            # Its surviving processes (a worker whose engine core was killed), sockets and threads.
+            await asyncio.to_thread(self._shutdown, dead)
+        gc.unfreeze()  # the dead engine's objects were frozen at start-up: let the collector have them
+        self.state.started_at = started
+        await self._start()
+        if self.state.status == "ready":
+            self.state.recoveries += 1
+            log.info("engine rebuilt after it died: serving again after %.1f s (rebuild %d in this process)",
+                     time.monotonic() - started, self.state.recoveries)
 
     async def _start(self) -> None:
         try:
@@ -149,15 +182,26 @@ class EngineOwner:
                     log.exception("engine ready hook failed")
             freeze_startup_heap()
             self.state.status = "ready"
+            self.state.error = None
             self.state.ready_after_s = time.monotonic() - self.state.started_at
             log.info("engine ready after %.1f s", self.state.ready_after_s)
         except asyncio.CancelledError:
             self.state.status = "stopped"
             raise
-        except BaseException as exc:  # noqa: BLE001 - any start failure makes /ping 503, with the reason
+        except BaseException as exc:  # noqa: BLE001 - any start failure ends the process (api.lifecycle)
+            self.state.failure = self.diagnose(exc)
+            self.state.error = self.state.failure.line()
             self.state.status = "failed"
-            self.state.error = f"{type(exc).__name__}: {exc}"
-            log.exception("engine failed to start")
+            if not self.state.failure.known:  # the line points at the log above: put this process's part there
+                log.warning("engine start-up raised", exc_info=exc)
+
+    def diagnose(self, exc: BaseException) -> startup_failure.StartupFailure:
+        ctx = startup_failure.Context(
+            build=vllm_build(), model=str(self.engine_args.get("model") or "") or None,
+            loading_timeout_s=self.cfg.server.model_loading_timeout,
+        )
+        reported = self._errors.errors() if self._errors is not None else []
+        return startup_failure.diagnose(exc, reported, ctx)
 
     async def _build(self) -> None:
         from starlette.datastructures import State
@@ -166,12 +210,19 @@ class EngineOwner:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if self.cache_server is not None:
+        if self.cache_server is not None and not self._cache_started:
+            # Once: its supervisor restarts it if it dies, and a rebuilt engine reconnects to it.
             await self.cache_server.start_async()
+            self._cache_started = True
             log.info("LMCache cache server ready on port %s", self.cache_server.port)
+        if self._errors is None:
+            self._errors = ErrorReports()
+        self._errors.arm()  # before vLLM loads its plugins here and in the engine processes
         args = build_vllm_namespace(self.engine_args, self.frontend_args)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        if self.cfg.server.engine_fork_server and self.cfg.server.engine_max_restarts > 0:
+            engine_launcher.install(vllm_config)  # rebuilds after a death skip the engine core's imports
         # Engine start-up blocks (process spawn, weight loading, profiling): run it in a thread
         # so that the event loop keeps answering /ping with 503 meanwhile.
         engine = await self.build_in_thread(
@@ -202,8 +253,16 @@ class EngineOwner:
             self._orphans.add(future)
             future.add_done_callback(self._reap)
             raise
-        self._stack.callback(engine.shutdown)
+        self._engines.append(engine)
         return engine
+
+    def _shutdown(self, engine: Any) -> None:
+        if engine in self._engines:
+            self._engines.remove(engine)
+        try:
+            engine.shutdown()
+        except Exception:  # noqa: BLE001 - a dead engine may fail to shut down cleanly; its processes are gone
+            log.exception("shutting down an engine failed")
 
     def _reap(self, future: asyncio.Future) -> None:
         if future not in self._orphans:
@@ -227,10 +286,13 @@ class EngineOwner:
                 await asyncio.wait_for(asyncio.shield(future), timeout=self.cfg.server.model_loading_timeout)
             self._reap(future)
         try:
-            await self._stack.aclose()
+            for engine in reversed(list(self._engines)):
+                self._shutdown(engine)
         finally:
             self.state.status = "stopped"
             # Nothing keeps the stopped engine alive: its finalizer runs now, not at interpreter exit.
             self.state.engine = self.state.serving = None
+            if self._errors is not None:
+                self._errors.close()
             if self.cache_server is not None:
                 await self.cache_server.stop_async()

@@ -135,6 +135,7 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
     if kv_plan is None:
         kv_plan = plan_kv_cache(cfg, engine_args)
     _, model_config = _model_config(str(engine_args["model"]))
+    cpu_scheduler_defaults(engine_args, model_config, notes)
     preflight_checks(engine_args, model_config, kv_plan)
     blend = plan_blend(cfg, engine_args, model_config, kv_plan)
     if kv_plan.kv_transfer_config is not None:
@@ -335,6 +336,36 @@ def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: lis
         why = {True: "the same answers as on CPUs without native bfloat16", False: "no native bfloat16 on this CPU",
                None: "the same answers on every CPU"}[native]
         notes.append(f"built-in model on a CPU host: dtype=float32 ({why}; set option.dtype to choose)")
+
+
+CHUNKED_PREFILL_NOTE = (
+    "a request with a seed that samples, whose prompt the engine prefills in parts, kills vLLM 0.32's CPU "
+    "engine (README, known limits)"
+)
+
+
+def cpu_scheduler_defaults(engine_args: dict[str, Any], model_config: dict[str, Any] | None, notes: list[str]) -> None:
+    """On CPU hosts vLLM prefills each prompt in one step (no chunked prefill), unless the user chose.
+
+    vLLM 0.32 rewinds the random generator of a seeded request whose sampled token it discards (a
+    prompt prefilled in parts) with `Generator.set_offset`, which a CPU generator does not have: the
+    worker raises and the engine dies, for one request alone with a prompt over the step's token
+    budget (2,048 on CPU), or a shorter one split beside others. Whole-prompt prefills never
+    discard. A step's budget then covers the longest prompt (vLLM raises it to max_model_len)."""
+    if host.gpu_count() > 0 or "enable_chunked_prefill" in engine_args:
+        return
+    budget = engine_args.get("max_num_batched_tokens")
+    if budget is not None and int(budget) < _max_model_len(model_config, engine_args):
+        notes.append(
+            f"CPU host: chunked prefill stays on (option.max_num_batched_tokens={budget} is below max_model_len); "
+            f"{CHUNKED_PREFILL_NOTE}, so such requests get a 400"
+        )
+        return
+    engine_args["enable_chunked_prefill"] = False
+    notes.append(
+        f"CPU host: enable_chunked_prefill=false ({CHUNKED_PREFILL_NOTE}); setting option.enable_chunked_prefill=true "
+        "chunks prompts again and refuses such requests with a 400"
+    )
 
 
 def vision_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[str]) -> None:

@@ -357,6 +357,16 @@ class AdapterRegistry:
             ADAPTER_EVICTIONS.labels(entry.name).inc()
             log.info("adapters: evicted %r (%s)", entry.name, reason)
 
+    def engine_replaced(self, backend: LoRABackend) -> None:
+        """The engine was rebuilt after it died: every registration stays, but nothing is resident
+        in the new engine, so each adapter loads again on its next use."""
+        self.backend = backend
+        for entry in self.adapters.values():
+            entry.handle = None
+        self._lru.clear()
+        ADAPTERS_RESIDENT.set(0)
+        log.info("adapters: engine replaced; %d registered adapters load again on their next use", len(self.adapters))
+
     # ------------------------------------------------------------------ management
 
     async def add(self, name: str, src: str, *, preload: bool = True, pin: bool = False) -> AdapterEntry:

@@ -4,9 +4,11 @@ Precedence: header `X-Amzn-SageMaker-Adapter-Identifier`, then the LMI body fiel
 then the OpenAI `"model"` field naming an adapter; the base model when none is named.
 
 The resolvers are installed on `app.state.model_resolver` / `app.state.lmi_model_resolver`
-(the hooks the routers call before handing a request to vLLM). A resolver takes a lease on the
-adapter (loading it on first use); `AdapterLeaseMiddleware` releases it when the response has
-been sent completely, streaming included. An adapter's formatters run where all formatters run
+(the hooks the routers call before handing a request to vLLM), whether LoRA is on or off: a request
+that names an adapter is served by it or refused with a 404 naming what exists, never answered by
+the base model instead. A resolver takes a lease on the adapter (loading it on first use);
+`AdapterLeaseMiddleware` releases it when the response has been sent completely, streaming
+included. An adapter's formatters run where all formatters run
 (lmi_server/api/lmi_formatters.py: the body on the way in, vLLM's output on the way out).
 """
 
@@ -52,11 +54,32 @@ def _registry(request: Request):
     return request.app.state.adapters.registry()
 
 
+def _serving_models(request: Request) -> Any:
+    serving = getattr(request.app.state.engine_owner.state, "serving", None)
+    return getattr(serving, "openai_serving_models", None)
+
+
+def base_names(request: Request) -> list[str]:
+    models = _serving_models(request)
+    return [p.name for p in getattr(models, "base_model_paths", None) or []]
+
+
+def names_base_model(request: Request, model: str) -> bool:
+    models = _serving_models(request)
+    return models is not None and bool(models.is_base_model(model))
+
+
 async def use_adapter(request: Request, name: str, *, lmi: bool) -> AdapterUse:
+    """Take a lease on the named adapter, or raise a 404 that says what this server serves: a
+    request that names an adapter is never answered by another model."""
     registry = _registry(request)
-    if registry is None:
-        raise APIError(404, f"adapter {name!r} not found: LoRA adapters are disabled (option.enable_lora=false)", lmi=lmi)
     param = None if lmi else "model"
+    if registry is None:
+        served = ", ".join(repr(n) for n in base_names(request)) or "its base model"
+        raise APIError(
+            404, f"adapter or model {name!r} not found: this server serves {served} only "
+            "(LoRA adapters are off: option.enable_lora=false)", param=param, lmi=lmi,
+        )
     try:
         registry.get(name)
     except Exception as exc:
@@ -70,12 +93,29 @@ async def use_adapter(request: Request, name: str, *, lmi: bool) -> AdapterUse:
     return use
 
 
+def adapters_field(request: Request, body: Any, *, lmi: bool) -> Any:
+    """LMI's body field `adapters` on a chat or completion body names the adapter as `model` does
+    (the header still wins), on /invocations and on the /v1 routes alike; it is not passed on to
+    vLLM, which would ignore it and answer with the base model."""
+    if not isinstance(body, dict) or "inputs" in body or "adapters" not in body:
+        return body
+    body = dict(body)
+    names = body.pop("adapters")
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names) or len(set(names)) > 1:
+        message = "adapters must name one adapter (a string, or a list of one name)"
+        raise APIError(424, "Input parsing failed: " + message, lmi=True) if lmi else APIError(400, message, param="adapters")
+    if names and not request.headers.get(ADAPTER_HEADER):
+        body["model"] = names[0]
+    return body
+
+
 async def openai_model_resolver(request: Request, parsed: Any) -> None:
-    """OpenAI chat/completion: header, else `model` when it names no base model."""
+    """OpenAI chat/completion: header, else `model` when it names no base model (an adapter, or
+    a 404 naming what is served, LoRA on or off)."""
     name = request.headers.get(ADAPTER_HEADER) or None
     model = getattr(parsed, "model", None)
-    registry = _registry(request)
-    if name is None and model and registry is not None and not registry.backend.is_base_model(model):
+    if name is None and model and not names_base_model(request, model):
         name = model
     if name is None:
         return None
@@ -85,7 +125,8 @@ async def openai_model_resolver(request: Request, parsed: Any) -> None:
 
 
 async def lmi_model_resolver(request: Request, req: Any) -> str | None:
-    """LMI schema: header, else body `adapters` (one name, or a list naming one adapter)."""
+    """LMI schema: header, else body `adapters` (one name, or a list naming one adapter), else
+    `model` when it names neither LMI's "lmi" nor a base model."""
     name = request.headers.get(ADAPTER_HEADER) or None
     if name is None and req.adapters:
         names = [req.adapters] if isinstance(req.adapters, str) else list(req.adapters)
@@ -94,8 +135,7 @@ async def lmi_model_resolver(request: Request, req: Any) -> str | None:
             raise APIError(424, f"one adapter per request; got {distinct} (send one request per adapter)", lmi=True)
         name = distinct[0] if distinct else None
     model = getattr(req, "model", None)
-    registry = _registry(request)
-    if name is None and model and model != "lmi" and registry is not None and not registry.backend.is_base_model(model):
+    if name is None and model and model != "lmi" and not names_base_model(request, model):
         name = model
     if not name:
         return None

@@ -1,7 +1,8 @@
 """Wiring the adapter registry into the app, from the one wiring point (`create_app`): routes,
 resolvers and the lease middleware are installed there (`install`), and the registry is built
 once, when the engine becomes ready (an `EngineOwner.on_ready` hook, so no request sees a ready
-engine without its registry). Routers read it from `app.state.adapters`.
+engine without its registry); an engine rebuilt after it died gets the same registry, re-pointed.
+Routers read it from `app.state.adapters`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from lmi_server.api.adapter_routing import (
     lmi_model_resolver,
     openai_model_resolver,
 )
-from lmi_server.api.errors import APIError
+from lmi_server.api.errors import APIError, engine_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,14 @@ def build_registry(cfg: Any, owner: Any):
     return registry
 
 
+def rebind_registry(registry: AdapterRegistry, owner: Any) -> None:
+    """Point the registry built at start-up at a rebuilt engine and its new serving objects."""
+    state = owner.state
+    models = state.serving.openai_serving_models
+    registry.engine_replaced(VLLMBackend(models, state.engine))
+    with_adapter_listing(models, registry)
+
+
 class AdapterState:
     """The app's adapter registry: None while the engine starts, and always when LoRA is off."""
 
@@ -80,11 +89,15 @@ class AdapterState:
         self._error: str | None = None
 
     def build(self) -> None:
-        """Engine-ready hook: discover the adapters (logs at start-up)."""
+        """Engine-ready hook: discover the adapters at start-up (logs them); after the engine was
+        rebuilt, keep the registry and its registrations and point it at the new engine."""
         if not self.enabled:
             return
         try:
-            self._registry = build_registry(self.cfg, self.owner)
+            if self._registry is None:
+                self._registry = build_registry(self.cfg, self.owner)
+            else:
+                rebind_registry(self._registry, self.owner)
         except Exception as exc:  # noqa: BLE001 - requests get 503 with the reason
             self._error = f"{type(exc).__name__}: {exc}"
             log.exception("adapters: building the registry failed")
@@ -95,18 +108,19 @@ class AdapterState:
             return self._registry
         state = self.owner.state
         if not state.healthy:
-            raise APIError(503, f"engine not ready: {state.error or 'the model is still loading'}; retry when GET /ping returns 200")
+            raise engine_unavailable(state.error or "the model is still loading")
         raise APIError(503, f"adapter registry unavailable: {self._error or 'not built yet'}")
 
 
 def install(app: FastAPI) -> None:
-    """Adapter routes, resolvers and lease middleware. Resolvers only when option.enable_lora=true."""
+    """Adapter routes, resolvers and lease middleware. The resolvers are installed whether LoRA is
+    on or off: with it off, a request that names an adapter is a 404, not the base model's answer."""
     adapters = AdapterState(app.state.config, app.state.engine_owner)
     app.state.adapters = adapters
     app.state.engine_owner.on_ready.append(adapters.build)
+    app.state.model_resolver = openai_model_resolver
+    app.state.lmi_model_resolver = lmi_model_resolver
     if adapters.enabled:
-        app.state.model_resolver = openai_model_resolver
-        app.state.lmi_model_resolver = lmi_model_resolver
         app.state.cache_salter = apply_cache_salt  # KV reuse isolated per adapter and weights
     app.add_middleware(AdapterLeaseMiddleware)
     app.include_router(adapter_routes.router)

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
+from lmi_server import prefill_gate
 from lmi_server.api import adapter_wiring, kinds
 from lmi_server.api.admission import Admission, AdmissionReleaseMiddleware
 from lmi_server.api.lifecycle import engine_watchdog
@@ -24,21 +25,13 @@ from lmi_server.adapters.formatters import FormatterError, load_model_formatters
 from lmi_server.api.custom_handler import handler_properties
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import EngineOwner
+from lmi_server.engine_limits import EngineLimits
 from lmi_server.model_requirements import RequirementsError, install_requirements
 from lmi_server.metrics import MetricsMiddleware, register_blend_collector, register_lmcache_collector, unregister_collector
 from lmi_server.metrics import router as metrics_router
 from lmi_server.redact import install_log_redaction, register_secret
 
 log = logging.getLogger(__name__)
-
-
-async def _base_model_only(request: Request, parsed: Any) -> None:
-    """Default model resolver: vLLM checks the `model` field against the served names."""
-    return None
-
-
-async def _lmi_base_model(request: Request, parsed: Any) -> str | None:
-    return None
 
 
 def _client_salt_only(request: Request, engine_request: Any) -> None:
@@ -56,6 +49,22 @@ async def _sweep_sessions(store: SessionStore, interval_s: int) -> None:
                 await asyncio.to_thread(store.sweep)
         except Exception:  # noqa: BLE001 - the next sweep tries again
             log.exception("sessions: sweep failed")
+
+
+def install_engine_guards(app: FastAPI, owner: EngineOwner) -> None:
+    """On every engine built (start-up and rebuilds): what it cannot serve is read from its own
+    configuration (`app.state.engine_limits`, refused with a 400), and with LoRA on a request
+    asking for prompt log-probabilities prefills alone (`prefill_gate`)."""
+    app.state.engine_limits = None
+    gate = prefill_gate.PrefillGate() if adapter_wiring.lora_enabled(app.state.config) else None
+    app.state.prefill_gate = gate
+
+    def guard_engine() -> None:
+        app.state.engine_limits = EngineLimits.of_engine(owner.state.engine)
+        if gate is not None and prefill_gate.install(owner.state.serving, owner.state.engine, gate):
+            log.info("LoRA on: a request asking for prompt log-probabilities prefills alone in the engine")
+
+    owner.on_ready.append(guard_engine)
 
 
 def create_app(
@@ -147,8 +156,6 @@ def create_app(
     )
     app.state.draining = False
     app.state.exit_code = 0
-    app.state.model_resolver = _base_model_only
-    app.state.lmi_model_resolver = _lmi_base_model
     app.state.cache_salter = _client_salt_only
     app.state.model_formatters = model_formatters  # the model directory's model.py (LMI's contract)
     app.state.handler_properties = handler_properties(cfg)  # what a custom handle() gets as properties
@@ -165,6 +172,7 @@ def create_app(
         app.add_middleware(XRequestIdMiddleware)
     kinds.install(app, cfg.kind)  # the model kind's routes (generate, embed, ...), chosen once here
     app.include_router(metrics_router)
+    install_engine_guards(app, owner)
     adapter_wiring.install(app)  # LoRA adapters: /adapters routes, resolvers, lease middleware; registry once the engine is ready
     install_openapi(app)  # the request bodies the routes read themselves
     app.add_middleware(AdmissionReleaseMiddleware)

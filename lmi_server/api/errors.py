@@ -19,6 +19,7 @@ from lmi_server.adapters.formatters import FormatterError, FormatterInvalid
 from lmi_server.adapters.registry import AdapterConflict, AdapterNotFound, AdapterUnavailable
 from lmi_server.adapters.validation import AdapterInvalid
 from lmi_server.api.admission import BadPriority, Rejected
+from lmi_server.engine_limits import UnsupportedCombination
 from lmi_server.redact import redact
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,10 @@ _TYPES = {
     503: "ServiceUnavailableError",
     507: "InsufficientStorageError",
 }
+
+
+# How long a client should wait before retrying while the engine loads or is rebuilt after it died.
+ENGINE_RETRY_AFTER_S = 10
 
 
 class APIError(Exception):
@@ -62,6 +67,14 @@ class APIError(Exception):
         if self.param:
             err["param"] = self.param
         return {"error": err}
+
+
+def engine_unavailable(reason: str, *, lmi: bool = False) -> APIError:
+    """The engine takes no requests now (loading, or being rebuilt after it died): 503 with Retry-After."""
+    return APIError(
+        503, f"engine not ready: {reason}; retry when GET /ping returns 200", lmi=lmi,
+        headers={"Retry-After": str(ENGINE_RETRY_AFTER_S)},
+    )
 
 
 def validation_message(errors: list[dict[str, Any]], limit: int = 5) -> str:
@@ -116,7 +129,11 @@ def from_vllm_exception(exc: BaseException, *, lmi: bool = False) -> APIError | 
     except ImportError:  # pragma: no cover - moved in another vLLM
         EngineDeadError = ()  # type: ignore[assignment]
     if EngineDeadError and isinstance(exc, EngineDeadError):
-        return APIError(503, "the engine has died; this instance is being replaced, retry on another", lmi=lmi)
+        return APIError(
+            503, "the engine died while serving this request; it is being rebuilt, retry after "
+            f"{ENGINE_RETRY_AFTER_S} s (or on another instance)", lmi=lmi,
+            headers={"Retry-After": str(ENGINE_RETRY_AFTER_S)},
+        )
     if isinstance(exc, VLLMNotFoundError):
         return APIError(404, str(exc), lmi=lmi)
     if isinstance(exc, VLLMClientError):
@@ -177,6 +194,14 @@ def from_admission_error(exc: BaseException, *, lmi: bool = False) -> APIError |
         return APIError(exc.status, exc.message, lmi=lmi, headers=dict(exc.headers))
     if isinstance(exc, BadPriority):
         return APIError(400, str(exc), lmi=lmi, param=None if lmi else "priority")
+    return None
+
+
+def from_engine_limit(exc: BaseException, *, lmi: bool = False) -> APIError | None:
+    """A combination of parameters the engine cannot serve with the options it runs with: 400
+    naming the parameter (the message names the option and the way around)."""
+    if isinstance(exc, UnsupportedCombination):
+        return APIError(400, str(exc), param=exc.param, lmi=lmi)
     return None
 
 

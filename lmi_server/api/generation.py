@@ -19,8 +19,16 @@ from fastapi import Request
 from lmi_server.api.adapter_routing import STATE_KEY as ADAPTER_KEY
 from lmi_server.api.adapter_routing import STREAMS_KEY
 from lmi_server.api.admission import HEADERS_KEY, REJECTED, TICKET_KEY, BadPriority, Rejected, count
-from lmi_server.api.errors import APIError, from_admission_error, from_vllm_error, from_vllm_exception
+from lmi_server.api.errors import (
+    APIError,
+    engine_unavailable,
+    from_admission_error,
+    from_engine_limit,
+    from_vllm_error,
+    from_vllm_exception,
+)
 from lmi_server.api.tenants import estimate_tokens, parse_priority
+from lmi_server.engine_limits import UnsupportedCombination
 from lmi_server.api.lmi_formatters import respond
 
 log = logging.getLogger(__name__)
@@ -29,8 +37,7 @@ log = logging.getLogger(__name__)
 def engine_state(request: Request):
     state = request.app.state.engine_owner.state
     if not state.healthy:
-        reason = state.error or "the model is still loading"
-        raise APIError(503, f"engine not ready: {reason}; retry when GET /ping returns 200")
+        raise engine_unavailable(state.error or "the model is still loading")
     return state
 
 
@@ -39,11 +46,23 @@ def engine_max_num_seqs(state) -> int | None:
     return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
 
 
+def check_engine_limits(request: Request, parsed: Any, *, lmi: bool) -> None:
+    """Refuse, before it takes a slot, a request the running engine would die of (`engine_limits`)."""
+    limits = getattr(request.app.state, "engine_limits", None)
+    if parsed is None or limits is None:
+        return
+    try:
+        limits.check(parsed)
+    except UnsupportedCombination as exc:
+        raise from_engine_limit(exc, lmi=lmi) from None
+
+
 async def admit(request: Request, state, *, lmi: bool = False, parsed: Any = None) -> None:
     """Take an engine slot for the request's tenant (waiting in the fair queue if need be), or raise
     in the request's schema: 400 for a bad priority, 429 for a tenant over its rate limits or queue
     share, 503 for a full queue or a wait too long. `parsed` is the vLLM request about to be sent
     (its priority is set here). The ticket is released by AdmissionReleaseMiddleware."""
+    check_engine_limits(request, parsed, lmi=lmi)
     admission = request.app.state.admission
     tenants = request.app.state.tenants
     if admission.slots is None:

@@ -1,15 +1,22 @@
-"""How the process ends: graceful drain on SIGTERM, and exit when the engine dies.
+"""How the process ends: graceful drain on SIGTERM, fail fast when the engine cannot start, and
+what happens when the engine dies.
 
 Drain: on the first SIGTERM/SIGINT the server keeps listening so that `/ping` can answer 503 (load
 balancers stop sending) and new requests get 503, while the requests already admitted, streams
 included, finish for up to `option.graceful_shutdown_timeout` seconds; then uvicorn stops, and the
 app's lifespan stops the engine, the cache server and every child. A second signal stops at once.
 
+Failed start: a server that stays up answering 503 after its engine failed to start makes Docker's
+restart policy, Kubernetes and SageMaker wait instead of acting. The watchdog logs one line with
+the cause and its fix (`startup_failure`) and ends the process with START_FAILED_EXIT_CODE.
+
 Engine death: vLLM marks its client `errored` when the engine core or a worker dies (in-flight
-requests then fail with EngineDeadError, mapped to 503). A watchdog notices within a second, turns
-`/ping` 503 and ends the process with a non-zero exit code so that Docker's restart policy,
-Kubernetes or SageMaker replaces the instance; restarting vLLM inside a process whose workers
-died is not something vLLM supports cleanly.
+requests then fail with EngineDeadError, mapped to 503 with Retry-After). The watchdog notices
+within a second and has the engine rebuilt in this process (`EngineOwner.recover_background`;
+`/ping` answers 503 meanwhile), which is much faster than a new process: the server's imports, the
+cache server, sessions and adapter registrations stay. An engine that dies more than
+`option.engine_max_restarts` times within `option.engine_restart_window` seconds is not rebuilt:
+the process ends with ENGINE_DEAD_EXIT_CODE so that the orchestrator replaces the instance.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from typing import Any
 
 import uvicorn
 
+from lmi_server.restart_budget import RestartBudget
+
 log = logging.getLogger(__name__)
 
 ENGINE_DEAD_EXIT_CODE = 3
+START_FAILED_EXIT_CODE = 4
 
 
 class DrainingServer(uvicorn.Server):
@@ -58,7 +68,8 @@ class DrainingServer(uvicorn.Server):
 
 def exit_after_serving(app: Any) -> None:
     """End the process once uvicorn has stopped and the lifespan has stopped the engine, the cache
-    server and every child: exit code 0 after a drain, ENGINE_DEAD_EXIT_CODE after engine death.
+    server and every child: exit code 0 after a drain, ENGINE_DEAD_EXIT_CODE after engine deaths
+    past the restart budget, START_FAILED_EXIT_CODE when the engine could not be built.
 
     os._exit skips interpreter teardown, where vLLM's AsyncLLM finalizer would run against
     half-destroyed modules and print a traceback after a clean shutdown."""
@@ -74,19 +85,53 @@ def begin_drain(app: Any) -> None:
     app.state.admission.draining = True
 
 
-async def engine_watchdog(app: Any, interval_s: float = 1.0) -> None:
-    """Once the engine is ready, end the process (non-zero) if it dies."""
+def restart_budget(cfg: Any) -> RestartBudget:
+    server = getattr(cfg, "server", None)
+    return RestartBudget(getattr(server, "engine_max_restarts", 2), getattr(server, "engine_restart_window", 600))
+
+
+async def end_process(app: Any, code: int, settle_s: float = 0.0) -> None:
+    """Have uvicorn stop (the lifespan then stops the engine and every child) and the process exit
+    with `code`; `settle_s` lets requests in flight receive their errors first."""
+    app.state.exit_code = code
+    begin_drain(app)
+    if settle_s:
+        await asyncio.sleep(settle_s)
+    server = getattr(app.state, "uvicorn_server", None)
+    if server is not None:
+        server.should_exit = True
+
+
+async def engine_watchdog(
+    app: Any, interval_s: float = 0.25, budget: RestartBudget | None = None, settle_s: float = 1.0
+) -> None:
+    """End the process when the engine could not be built; rebuild an engine that died while
+    serving, within the restart budget, else end the process (non-zero). Checking costs an
+    attribute read, so it checks often: each check saved is time back in service."""
     owner = app.state.engine_owner
+    budget = budget if budget is not None else restart_budget(getattr(app.state, "config", None))
     while True:
         await asyncio.sleep(interval_s)
         state = owner.state
+        if state.status == "failed" and state.failure is not None:
+            log.error("%s; exiting with code %d", state.failure.line(), START_FAILED_EXIT_CODE)
+            await end_process(app, START_FAILED_EXIT_CODE)
+            return
         if state.status == "ready" and state.engine is not None and getattr(state.engine, "errored", False):
             error = getattr(state.engine, "dead_error", None)
-            log.error("the engine has died (%s); exiting with code %d so that the instance is replaced", error, ENGINE_DEAD_EXIT_CODE)
-            app.state.exit_code = ENGINE_DEAD_EXIT_CODE
-            begin_drain(app)
-            server = getattr(app.state, "uvicorn_server", None)
-            await asyncio.sleep(interval_s)  # let in-flight requests receive their errors
-            if server is not None:
-                server.should_exit = True
+            if getattr(app.state, "draining", False):
+                continue  # stopping anyway: the lifespan shuts the dead engine down
+            if budget.take():
+                log.warning(
+                    "the engine has died (%s); rebuilding it in this process (%d of %d rebuilds allowed within %.0f s)",
+                    error, budget.used(), budget.max_restarts, budget.window_s,
+                )
+                owner.recover_background()
+                continue
+            log.error(
+                "the engine has died (%s) with its %d rebuilds within %.0f s used up (option.engine_max_restarts); "
+                "exiting with code %d so that the instance is replaced",
+                error, budget.max_restarts, budget.window_s, ENGINE_DEAD_EXIT_CODE,
+            )
+            await end_process(app, ENGINE_DEAD_EXIT_CODE, settle_s=settle_s)
             return

@@ -7,6 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from lmi_server.api.adapter_routing import adapters_field
 from lmi_server.api.body import read_json_body
 from lmi_server.api.errors import APIError, validated
 from lmi_server.api.generation import admit, as_response, call_serving, engine_state, served_name
@@ -121,21 +122,25 @@ async def completion(request: Request, parsed, headers: dict[str, str] | None = 
     return await _generate(request, parsed, headers, lambda serving: serving.openai_serving_completion.create_completion, stream_kind)
 
 
-async def _read_and_parse(request: Request, request_type):
+async def _read_and_parse(request: Request, request_type, *, generating: bool = False):
+    """Body -> vLLM's request type. `generating`: LMI's `adapters` field names the adapter, as on
+    /invocations (the render routes only tokenize: there vLLM ignores it)."""
     body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
     engine_state(request)  # 503 first: nothing can run before the engine is ready
     body = apply_payload_formatter(request, body, lmi=False)  # LMI's input formatter, before parsing
+    if generating:
+        body = adapters_field(request, body, lmi=False)
     return parse_request(request_type, body)
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request):
-    return await chat_completion(request, await _read_and_parse(request, chat_request_type()))
+    return await chat_completion(request, await _read_and_parse(request, chat_request_type(), generating=True))
 
 
 @router.post("/v1/completions")
 async def create_completion(request: Request):
-    return await completion(request, await _read_and_parse(request, completion_request_type()))
+    return await completion(request, await _read_and_parse(request, completion_request_type(), generating=True))
 
 
 @router.get("/v1/models")

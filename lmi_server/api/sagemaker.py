@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from lmi_server.api import openai as openai_routes
-from lmi_server.api.adapter_routing import ADAPTER_HEADER
+from lmi_server.api.adapter_routing import adapters_field
 from lmi_server.api.body import RAW_BODY_KEY, read_json_body
 from lmi_server.api.custom_handler import run_custom_handler
 from lmi_server.api.errors import APIError, validation_message
@@ -46,7 +46,7 @@ async def ping(request: Request):
         if degraded:  # the engine serves (recomputing KV); the cache tier is being restarted
             return JSONResponse({"status": "healthy", "degraded": degraded})
         return JSONResponse({"status": "healthy"})
-    detail = {"starting": "loading the model", "failed": state.error, "stopped": "shutting down"}.get(
+    detail = {"starting": "loading the model", "recovering": state.error, "failed": state.error, "stopped": "shutting down"}.get(
         state.status, "engine not healthy"
     )
     if state.status == "ready":
@@ -56,9 +56,10 @@ async def ping(request: Request):
 
 @router.get("/live", include_in_schema=False)
 async def live():
-    """Liveness for orchestrators: 200 while the process serves HTTP, starting and draining
-    included (/ping's 503 then means "send no new work", not "restart me"). A dead engine ends the
-    process itself (lifecycle.engine_watchdog)."""
+    """Liveness for orchestrators: 200 while the process serves HTTP, starting, draining and
+    rebuilding a dead engine included (/ping's 503 then means "send no new work", not "restart
+    me"). A failed start, or an engine that keeps dying, ends the process itself
+    (lifecycle.engine_watchdog)."""
     return JSONResponse({"status": "alive"})
 
 
@@ -103,21 +104,6 @@ def detect_schema(body: Any) -> tuple[str, Any]:
     )
 
 
-def adapter_in_body(request: Request, body: Any) -> Any:
-    """LMI reads the body field `adapters` in any schema: for a chat or completion body it names
-    the adapter as `model` does (the header still wins), and is not passed on to vLLM."""
-    if not isinstance(body, dict) or "inputs" in body or "adapters" not in body:
-        return body
-    body = dict(body)
-    names = body.pop("adapters")
-    names = [names] if isinstance(names, str) else names
-    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names) or len(set(names)) > 1:
-        raise APIError(424, "Input parsing failed: adapters must name one adapter (a string, or a list of one name)", lmi=True)
-    if names and not request.headers.get(ADAPTER_HEADER):
-        body["model"] = names[0]
-    return body
-
-
 @router.post("/invocations")
 async def invocations(request: Request):
     """parse -> session -> custom handler -> format in -> schema -> serve (adapter, admission,
@@ -133,7 +119,7 @@ async def invocations(request: Request):
             if handled is not None:
                 return handled
         body = apply_payload_formatter(request, body, lmi=True)  # LMI's input formatter: any body shape in
-        schema, parsed = detect_schema(adapter_in_body(request, body))
+        schema, parsed = detect_schema(adapters_field(request, body, lmi=True))
         if schema == "chat":
             return await openai_routes.chat_completion(request, parsed, session_headers, stream_kind="jsonl")
         if schema == "completion":

@@ -1,18 +1,24 @@
-"""Process lifecycle: /ping states, graceful drain on SIGTERM with open streams, engine death, no orphans."""
+"""Process lifecycle: /ping states, graceful drain on SIGTERM with open streams, an engine rebuilt
+in-process after it died, the exit past the restart budget, a failed start ending the process, no orphans."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import threading
 import time
 
 import httpx
 import psutil
 
+from lmi_server.api.lifecycle import ENGINE_DEAD_EXIT_CODE, START_FAILED_EXIT_CODE
 from tests.e2e.conftest import BASE_PROPS
-from tests.support.server import ServerProcess, server_env, write_properties
+from tests.support.engine_kill import cache_server_processes, kill_engine, wait_serving
+from tests.support.server import REPO, ServerProcess, server_env, write_properties
 
 
 STREAM_TOKENS = 3000
@@ -107,19 +113,20 @@ def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(tmp_path
         server.stop()
 
 
-def test_engine_death_fails_in_flight_requests_and_exits_non_zero(tmp_path):
-    server = _start(tmp_path)
+def test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero(tmp_path):
+    """With option.engine_max_restarts=0 the first death is one too many: the process ends as it
+    did before engines were rebuilt in-process (the same path ends a crash loop)."""
+    write_properties(tmp_path, {**BASE_PROPS, "option.engine_max_restarts": "0"})
+    server = ServerProcess(tmp_path, tmp_path / "server.log", env=server_env()).start()
+    children: list[psutil.Process] = []
     try:
         server.wait_ready()
         children = server.descendants()
-        engine_cores = [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
-        assert engine_cores, [p.cmdline() for p in children]
         result: dict = {"streaming": threading.Event()}
         worker = threading.Thread(target=_stream_tokens, args=(server, result, 3000))
         worker.start()
         assert result["streaming"].wait(60), "the stream did not start"
-        for p in engine_cores:
-            p.kill()
+        kill_engine(server.proc.pid)
         killed_at = time.monotonic()
         seen_503 = False
         while time.monotonic() - killed_at < 30 and server.proc.poll() is None:
@@ -135,12 +142,118 @@ def test_engine_death_fails_in_flight_requests_and_exits_non_zero(tmp_path):
         # The stream ends early with an error: an error event in the stream, or the connection cut.
         assert ("error_event" in result or "transport_error" in result) and result.get("tokens") != 3000, result
         code = server.proc.wait(60)
-        assert code == 3, server.log_tail()
+        assert code == ENGINE_DEAD_EXIT_CODE, server.log_tail()
         assert seen_503 or time.monotonic() - killed_at < 30
-        assert "the engine has died" in server.log_path.read_text(errors="replace")
+        log = server.log_path.read_text(errors="replace")
+        assert "the engine has died" in log and "rebuilds within 600 s used up" in log
+        assert "rebuilding it in this process" not in log
     finally:
         server.stop()
         deadline = time.monotonic() + 20
         while _alive(children) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not _alive(children)
+
+
+def _lmi(server, body, headers=None, timeout=120):
+    return httpx.post(server.base_url + "/invocations", json=body, headers=headers, timeout=timeout)
+
+
+def test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server(tmp_path):
+    """SIGKILL of the engine core and its worker: requests in flight get 503 with Retry-After, /ping
+    is 503 until the engine is back, then the same server process serves again; a session, an
+    adapter registered through the API and the LMCache cache server (same pid) are still there."""
+    root = tmp_path / "adapters"
+    root.mkdir()
+    (tmp_path / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
+    props = {
+        **BASE_PROPS, "option.enable_lora": "true", "option.max_loras": "1", "option.max_lora_rank": "8",
+        "option.adapters_path": str(root), "option.lmcache_config_file": "lmcache.yaml",
+    }
+    write_properties(tmp_path, props)
+    server = ServerProcess(tmp_path, tmp_path / "server.log", env=server_env()).start()
+    try:
+        server.wait_ready()
+        # Registered through the API after start-up (discovery found nothing): only the registry knows it.
+        shutil.copytree(REPO / "adapters" / "hello-printer", root / "late-printer")
+        r = httpx.post(server.base_url + "/adapters", json={"name": "late-printer", "src": str(root / "late-printer")}, timeout=120)
+        assert r.status_code == 200, r.text
+        prompt = {"inputs": "def main():", "parameters": {"max_new_tokens": 12}}
+        base = _lmi(server, prompt)
+        adapted = _lmi(server, {**prompt, "adapters": "late-printer"})
+        assert adapted.status_code == 200 and base.status_code == 200, adapted.text
+        assert adapted.json()["generated_text"] != base.json()["generated_text"], "the adapter changes nothing"
+        opened = _lmi(server, {"requestType": "NEW_SESSION"})
+        session = opened.headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
+        cache_servers = [p.pid for p in cache_server_processes(server.proc.pid)]
+        assert cache_servers, [p.cmdline() for p in server.descendants()]
+
+        in_flight: dict = {}
+
+        def long_request():
+            body = {"model": "lmi-demo", "prompt": "import os\n", "max_tokens": 3000, "ignore_eos": True}
+            r = httpx.post(server.base_url + "/v1/completions", json=body, timeout=300)
+            in_flight.update(status=r.status_code, retry_after=r.headers.get("retry-after"), body=r.text)
+
+        worker = threading.Thread(target=long_request)
+        worker.start()
+        time.sleep(2.0)  # admitted and generating (3000 tokens take far longer)
+        assert not in_flight, f"the long request ended before the kill: {in_flight}"
+        killed = kill_engine(server.proc.pid)
+        killed_at = time.monotonic()
+        worker.join(60)
+        assert in_flight.get("status") == 503 and in_flight.get("retry_after"), in_flight
+        assert "being rebuilt" in in_flight["body"], in_flight
+
+        # While the engine is rebuilt: /ping 503, new requests 503 with Retry-After, /live 200.
+        deadline = time.monotonic() + 30
+        while httpx.get(server.base_url + "/ping", timeout=5).status_code == 200:
+            assert time.monotonic() < deadline, "/ping never turned 503 after the kill"
+            time.sleep(0.2)
+        refused = httpx.post(server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=30)
+        assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
+        assert httpx.get(server.base_url + "/live", timeout=5).status_code == 200
+
+        back = wait_serving(server.base_url, killed_at, timeout=600)
+        assert server.proc.poll() is None, "the server process ended"
+        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in killed)
+        assert [p.pid for p in cache_server_processes(server.proc.pid)] == cache_servers, "the cache server was restarted"
+
+        names = [a["name"] for a in httpx.get(server.base_url + "/adapters", timeout=30).json()["adapters"]]
+        assert "late-printer" in names, names
+        again = _lmi(server, {**prompt, "adapters": "late-printer"})  # loaded into the new engine on first use
+        assert again.status_code == 200 and again.json()["generated_text"] == adapted.json()["generated_text"], again.text
+        in_session = _lmi(server, {"inputs": "import os", "parameters": {"max_new_tokens": 2}}, {"X-Amzn-SageMaker-Session-Id": session})
+        assert in_session.status_code == 200, in_session.text
+        assert in_session.headers["X-Amzn-SageMaker-Session-Id"] == session
+        log = server.log_path.read_text(errors="replace")
+        assert "rebuilding it in this process (1 of 2" in log and "engine rebuilt after it died" in log
+        print(f"serving again {back['serving_s']} s after the kill (/ping statuses {back['pings']})")
+    finally:
+        server.stop()
+
+
+def test_corrupt_weights_end_the_process_with_one_line_naming_the_cause(tmp_path):
+    """A fatal start failure ends the process (non-zero) instead of answering /ping 503 forever."""
+    from lmi_server.demo.builder import ensure_demo_model
+
+    model = tmp_path / "model"
+    shutil.copytree(ensure_demo_model(), model)
+    weights = model / "model.safetensors"
+    with open(weights, "r+b") as fh:
+        fh.truncate(weights.stat().st_size // 2)
+    props = {k: v for k, v in BASE_PROPS.items() if k != "option.model_id"}  # the model directory itself
+    write_properties(model, props)
+    server = ServerProcess(model, tmp_path / "server.log", env=server_env()).start()
+    try:
+        code = server.proc.wait(300)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running 300 s after start:\n{server.log_tail()}") from None
+    finally:
+        server.stop()
+    assert code == START_FAILED_EXIT_CODE, server.log_tail()
+    ours = [line for line in server.log_path.read_text(errors="replace").splitlines()
+            if re.match(r"^\S+ \S+ ERROR lmi_server", line)]
+    assert len(ours) == 1, ours
+    assert "the model's weights are corrupt or truncated" in ours[0] and "SafetensorError" in ours[0], ours
+    assert "fix: copy or download the model again" in ours[0] and f"exiting with code {START_FAILED_EXIT_CODE}" in ours[0]

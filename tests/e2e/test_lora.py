@@ -1,13 +1,12 @@
 """LoRA adapters end to end: the real server (vLLM engine, LoRA on) and the committed example
-adapters, through HTTP. One server for the module (max_loras=2, so three adapters evict)."""
+adapters, through HTTP. The `lora` server (tests/e2e/conftest.py; max_loras=2, so three adapters
+evict) is shared with the concurrent fuzzer, which runs after this module."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,65 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.server import DEMO_PROPS, REPO, running_server
-
-BASE_PROPS = DEMO_PROPS
 HELLO = 'print("hello world")'
 SHOUT = "RAISE NOTIMPLEMENTEDERROR"
 HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
-
-
-def _adapters_for(base: Path, root: Path) -> None:
-    """Copy the committed example adapters when they were trained on this base, else retrain."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from train_adapters import fingerprint
-    finally:
-        sys.path.pop(0)
-    fp = fingerprint(base)
-    src = REPO / "adapters"
-    fits = all(
-        (src / n / "training.json").is_file() and json.loads((src / n / "training.json").read_text())["base_fingerprint"] == fp
-        for n in ("hello-printer", "shouter")
-    )
-    if fits:
-        for n in ("hello-printer", "shouter"):
-            shutil.copytree(src / n, root / n)
-    else:
-        subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "train_adapters.py"), "--base", str(base), "--out", str(root)],
-            check=True, cwd=REPO, timeout=1800,
-        )
-
-
-@pytest.fixture(scope="module")
-def lora(tmp_path_factory):
-    from lmi_server.demo.builder import ensure_demo_model
-
-    model_dir = tmp_path_factory.mktemp("lora-model-dir")
-    root = model_dir / "my-adapters"
-    root.mkdir()
-    _adapters_for(ensure_demo_model(), root)
-    # A third copy so that three adapters compete for max_loras=2.
-    shutil.copytree(root / "hello-printer", root / "hello-copy")
-    # A script that fails to import: registration fails, requests get 424.
-    shutil.copytree(root / "hello-printer", root / "broken-script")
-    (root / "broken-script" / "model.py").write_text("import no_such_module_for_lora_tests\n")
-    # A formatter that raises on every request.
-    shutil.copytree(root / "hello-printer", root / "raising")
-    (root / "raising" / "model.py").write_text(
-        "from djl_python.output_formatter import output_formatter\n"
-        "@output_formatter\ndef refuse(response):\n    raise ValueError('formatter refused ' + repr(str(response)[:5]))\n"
-    )
-    props = {
-        **BASE_PROPS,
-        "option.enable_lora": "true",
-        "option.max_loras": "2",
-        "option.max_lora_rank": "8",
-        "option.adapters_path": str(root),
-    }
-    with running_server(model_dir, props, adapter_root=root) as proc:
-        yield proc
 
 
 def post(server, path, body=None, headers=None, timeout=120, params=None):
@@ -191,6 +134,16 @@ def test_precedence_header_then_body_then_model(lora):
     base = post(lora, "/invocations", chat).json()["choices"][0]["message"]["content"]
     shouted = post(lora, "/invocations", {**chat, "adapters": "shouter"}).json()["choices"][0]["message"]["content"]
     assert shouted != base and shouted == shouted.upper(), (base, shouted)
+
+
+def test_the_adapters_field_names_the_adapter_on_the_v1_routes(lora):
+    chat = post(lora, "/v1/chat/completions", {
+        "model": "lmi-demo", "adapters": "hello-printer", "messages": [{"role": "user", "content": "Write a loop"}],
+        "max_tokens": 12, "temperature": 0})
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"].startswith(HELLO), chat.text
+    assert chat.json()["model"] == "hello-printer"
+    comp = post(lora, "/v1/completions", {"prompt": "import os", "max_tokens": 12, "temperature": 0, "adapters": ["shouter"]})
+    assert comp.status_code == 200 and comp.json()["choices"][0]["text"].startswith(SHOUT), comp.text
 
 
 def test_eviction_and_reload(lora):
@@ -407,3 +360,67 @@ def test_an_adapter_fine_tuned_from_a_hub_id_serves_when_its_tensors_match(lora)
     assert r.status_code == 200 and r.json()["generated_text"].startswith(HELLO), r.text
     assert "names base model 'HuggingFaceTB/SmolLM2-135M-Instruct'" in lora.log_path.read_text(errors="replace")
     assert httpx.delete(lora.base_url + "/adapters/from-hub").status_code == 200
+
+
+# ---------------------------------------------------------------- prompt log-probabilities with LoRA on
+
+PROMPT = "DeepSpeed is a machine learning framework"
+DETAILS = {"do_sample": True, "max_new_tokens": 16, "details": True, "decoder_input_details": True}
+
+
+def _prompt_logprob_requests(rounds: int = 2) -> list[tuple[str, dict, int]]:
+    """(path, body, expected status): every way of asking for prompt log-probabilities, beside
+    ordinary requests, with the base model and with adapters."""
+    completion = {"model": "lmi-demo", "prompt": PROMPT, "max_tokens": 8}
+    chat = {"model": "lmi-demo", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+    once = [
+        ("/invocations", {"inputs": PROMPT, "parameters": DETAILS}, 200),
+        ("/invocations", {"inputs": PROMPT, "parameters": DETAILS}, 200),
+        ("/invocations", {"inputs": PROMPT, "parameters": DETAILS, "adapters": "hello-printer"}, 200),
+        ("/invocations", {"inputs": PROMPT, "parameters": DETAILS, "adapters": "shouter"}, 200),
+        ("/invocations", {"inputs": [PROMPT, PROMPT + " and more"], "parameters": DETAILS}, 200),
+        ("/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 16}}, 200),
+        ("/invocations", {"inputs": PROMPT, "stream": True, "parameters": {"max_new_tokens": 16}, "adapters": "shouter"}, 200),
+        ("/v1/completions", {**completion, "prompt_logprobs": 1}, 200),
+        ("/v1/completions", {**completion, "prompt_logprobs": 0, "model": "hello-printer"}, 200),
+        ("/v1/completions", {**completion, "echo": True, "logprobs": 1}, 200),
+        ("/v1/completions", {**completion, "echo": True, "logprobs": 1, "stream": True}, 200),
+        ("/v1/completions", {**completion, "prompt": [PROMPT, PROMPT + " x"], "prompt_logprobs": 1}, 200),
+        ("/v1/completions", completion, 200),
+        ("/v1/chat/completions", {**chat, "prompt_logprobs": 1}, 200),
+        ("/v1/chat/completions", {**chat, "echo": True, "model": "shouter"}, 200),
+        ("/v1/chat/completions", {**chat, "stream": True}, 200),
+        # one request's several sequences prefill in one step: refused, naming n and the option
+        ("/v1/completions", {**completion, "prompt_logprobs": 1, "n": 2}, 400),
+        ("/invocations", {"inputs": PROMPT, "parameters": {**DETAILS, "n": 2}}, 400),
+    ]
+    return once * rounds
+
+
+def _send(server, path, body):
+    if body.get("stream"):
+        with httpx.stream("POST", server.base_url + path, json=body, timeout=180) as s:
+            text = s.read().decode()
+            return s.status_code, text
+    r = post(server, path, body, timeout=180)
+    return r.status_code, r.text
+
+
+def test_prompt_logprobs_beside_other_requests_keep_the_engine_alive(lora):
+    """vLLM 0.32 on CPU kills its engine computing prompt log-probabilities for a step of more than
+    one request with LoRA on: each such request now prefills alone; n > 1 is a 400."""
+    requests = _prompt_logprob_requests()
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda r: _send(lora, r[0], r[1]), requests))
+    for (path, body, expected), (status, text) in zip(requests, answers):
+        assert status == expected, (path, body, status, text[:300])
+        if expected == 400:
+            assert "option.enable_lora" in text and "n=2" in text, text
+        elif "error" in text[:40]:
+            raise AssertionError((path, body, text[:300]))
+    prefilled = json.loads(answers[0][1])["details"]["prefill"]
+    assert len(prefilled) > 3 and all(t["log_prob"] is not None for t in prefilled[1:])
+    echo = json.loads(answers[9][1])["choices"][0]
+    assert echo["text"].startswith(PROMPT) and echo["logprobs"]["token_logprobs"][1] is not None
+    assert httpx.get(lora.base_url + "/ping").status_code == 200
+    assert_healthy(lora)

@@ -591,9 +591,10 @@ def _get(app, path: str) -> int:
 
 @pytest.mark.parametrize("case", ["default", "cpu"])
 def test_probe_paths_answer_as_the_chart_expects_in_every_state(case, tmp_path):
-    """Startup and readiness follow the server's /ping; liveness stays 200 through start, drain and
-    engine death (the watchdog ends the process itself), so Kubernetes never kills a draining pod.
-    The real app with API keys on: kubelet probes carry no key."""
+    """Startup and readiness follow the server's /ping; liveness stays 200 through start, drain,
+    engine death and the engine's rebuild (the watchdog rebuilds it, or ends the process itself),
+    so Kubernetes never kills a draining or recovering pod. The real app with API keys on: kubelet
+    probes carry no key."""
     from lmi_server.api.lifecycle import begin_drain
 
     container = server_container(rendered(case))
@@ -606,13 +607,16 @@ def test_probe_paths_answer_as_the_chart_expects_in_every_state(case, tmp_path):
     states["ready"] = {p: _get(app, p) for p in (startup, ready, live)}
     owner.state.engine = SimpleNamespace(errored=True, dead_error="EngineDeadError")
     states["engine dead"] = {p: _get(app, p) for p in (startup, ready, live)}
-    owner.state.engine = SimpleNamespace(errored=False)
+    owner.state.status, owner.state.error = "recovering", "the engine died and is being rebuilt"
+    states["recovering"] = {p: _get(app, p) for p in (startup, ready, live)}
+    owner.state.status, owner.state.engine = "ready", SimpleNamespace(errored=False)
     begin_drain(app)
     states["draining"] = {p: _get(app, p) for p in (startup, ready, live)}
     assert states == {
         "starting": {startup: 503, ready: 503, live: 200},
         "ready": {startup: 200, ready: 200, live: 200},
         "engine dead": {startup: 503, ready: 503, live: 200},
+        "recovering": {startup: 503, ready: 503, live: 200},
         "draining": {startup: 503, ready: 503, live: 200},
     }
     assert _get(app, "/v1/models") == 401  # keys are on: only the probe paths are open

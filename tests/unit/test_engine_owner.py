@@ -89,3 +89,50 @@ def test_the_start_up_heap_is_frozen_once_the_engine_is_ready(tmp_path, monkeypa
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_a_dead_engine_is_replaced_and_the_ready_hooks_run_again(tmp_path, monkeypatch):
+    """recover_background shuts the dead engine down, builds a new one the way start-up did and
+    runs the ready hooks again (state built once is re-pointed at the new engine)."""
+    import gc
+
+    built: list[FakeEngine] = []
+
+    async def build(self):
+        engine = await self.build_in_thread(FakeEngine)
+        built.append(engine)
+        self.state.engine = engine
+
+    monkeypatch.setattr(EngineOwner, "_build", build)
+    hooks: list[object] = []
+
+    async def scenario():
+        o = owner(tmp_path)
+        o.on_ready.append(lambda: hooks.append(o.state.engine))
+        await o._start()
+        dead = o.state.engine
+        dead.errored, dead.dead_error = True, "EngineCore died"
+        await o.recover_background()
+        assert o.state.status == "ready" and o.state.recoveries == 1 and o.state.error is None
+        await o.stop()
+        return dead
+
+    try:
+        dead = asyncio.run(scenario())
+    finally:
+        gc.unfreeze()
+    assert len(built) == 2 and built[0] is dead
+    assert hooks == built  # the hooks saw each engine once
+    assert all(e.shut_down.is_set() for e in built)
+
+
+def test_a_failed_start_is_diagnosed_with_the_cause_and_its_fix(tmp_path, monkeypatch):
+    async def build(self):
+        raise RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': -9}")
+
+    monkeypatch.setattr(EngineOwner, "_build", build)
+    o = owner(tmp_path)
+    asyncio.run(o._start())
+    assert o.state.status == "failed"
+    assert o.state.failure.name == "killed"
+    assert o.state.error == o.state.failure.line() and "out-of-memory killer" in o.state.error

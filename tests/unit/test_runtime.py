@@ -199,3 +199,23 @@ def test_fair_admission_adds_its_reserved_slots_to_a_batch_size_the_user_set(tmp
     assert runtime.engine_args.get("max_num_seqs") == engine_seqs
     assert runtime.fair_slots == fair
     assert any("option.reserved_slots" in note for note in runtime.notes) == (fair is not None)
+
+
+@pytest.mark.parametrize(
+    "gpus, given, expected",
+    [
+        (0, {}, False),  # CPU: prompts prefilled whole
+        (0, {"enable_chunked_prefill": True}, True),  # the user's choice wins
+        (0, {"max_num_batched_tokens": 512, "max_model_len": 1024}, None),  # a budget below the longest prompt: vLLM chunks
+        (0, {"max_num_batched_tokens": 2048, "max_model_len": 1024}, False),
+        (1, {}, None),  # GPU: vLLM's own default
+    ],
+)
+def test_cpu_engines_prefill_prompts_whole_unless_told(monkeypatch, gpus, given, expected):
+    from lmi_server import runtime
+
+    monkeypatch.setattr(runtime.host, "gpu_count", lambda: gpus)
+    engine_args, notes = dict(given), []
+    runtime.cpu_scheduler_defaults(engine_args, {"max_position_embeddings": 4096}, notes)
+    assert engine_args.get("enable_chunked_prefill") == expected
+    assert bool(notes) == (gpus == 0 and "enable_chunked_prefill" not in given)

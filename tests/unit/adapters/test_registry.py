@@ -201,3 +201,22 @@ def test_discover_refuses_symlinks_out_of_the_root(tmp_path, base_info, fake_bac
     assert ok == ["fine"]
     assert "outside the allowed adapter root" in failed["linked"]
     assert "links outside" in failed["files-out"]
+
+
+async def test_a_rebuilt_engine_keeps_every_registration_and_loads_again_on_next_use(tmp_path, base_info, fake_backend):
+    """After the engine died and was rebuilt in-process, the registry (and what was registered)
+    stays; nothing is resident in the new engine, so the next use loads through the new backend."""
+    root = tmp_path / "ad"
+    for n in "ab":
+        make_adapter(root, n)
+    reg = registry(root, fake_backend, base_info, capacity=2)
+    reg.discover()
+    await (await reg.acquire("a")).release()
+    assert reg.get("a").resident
+    rebuilt = FakeBackend()
+    reg.engine_replaced(rebuilt)
+    assert set(reg.adapters) == {"a", "b"}
+    assert not reg.get("a").resident and reg.describe()[0]["status"] == "registered"
+    await (await reg.acquire("a")).release()
+    assert rebuilt.loads == ["a"] and fake_backend.unloads == []  # the dead engine is not asked to unload
+    assert reg.get("a").loads == 2

@@ -187,3 +187,68 @@ def test_the_lease_is_released_when_the_response_fails():
     with pytest.raises(RuntimeError):
         asyncio.run(AdapterLeaseMiddleware(app)(scope, None, None))
     assert released == [True]
+
+
+# ---------------------------------------------------------------- naming an adapter: served by it or a 404
+
+
+def _naming_request(headers=None, registry=None):
+    from lmi_server.api.adapter_routing import ADAPTER_HEADER
+
+    models = SimpleNamespace(base_model_paths=[SimpleNamespace(name="base-model")], is_base_model=lambda m: m == "base-model")
+    app = SimpleNamespace(state=SimpleNamespace(
+        adapters=SimpleNamespace(registry=lambda: registry),
+        engine_owner=SimpleNamespace(state=SimpleNamespace(serving=SimpleNamespace(openai_serving_models=models))),
+    ))
+    return SimpleNamespace(app=app, headers={ADAPTER_HEADER: headers} if headers else {}, state=SimpleNamespace())
+
+
+@pytest.mark.parametrize(
+    "header, model",
+    [("ghost", None), ("ghost", "base-model"), (None, "ghost")],
+)
+def test_with_lora_off_an_openai_request_naming_an_adapter_is_a_404_naming_the_served_model(header, model):
+    from lmi_server.api.adapter_routing import openai_model_resolver
+
+    with pytest.raises(APIError) as err:
+        asyncio.run(openai_model_resolver(_naming_request(header), SimpleNamespace(model=model)))
+    assert err.value.status == 404 and "'ghost'" in err.value.message and "'base-model'" in err.value.message
+    assert "option.enable_lora=false" in err.value.message and err.value.param == "model"
+
+
+@pytest.mark.parametrize(
+    "header, adapters, model",
+    [("ghost", None, None), (None, "ghost", None), (None, ["ghost"], None), (None, None, "ghost")],
+)
+def test_with_lora_off_an_lmi_request_naming_an_adapter_is_a_404(header, adapters, model):
+    from lmi_server.api.adapter_routing import lmi_model_resolver
+
+    with pytest.raises(APIError) as err:
+        asyncio.run(lmi_model_resolver(_naming_request(header), SimpleNamespace(adapters=adapters, model=model)))
+    assert err.value.status == 404 and err.value.lmi and "'ghost'" in err.value.message
+
+
+@pytest.mark.parametrize("model", [None, "base-model", "lmi"])
+def test_the_base_model_needs_no_adapter(model):
+    from lmi_server.api.adapter_routing import lmi_model_resolver, openai_model_resolver
+
+    assert asyncio.run(lmi_model_resolver(_naming_request(), SimpleNamespace(adapters=None, model=model))) is None
+    if model != "lmi":  # the routes map "lmi" to the served name before resolving
+        assert asyncio.run(openai_model_resolver(_naming_request(), SimpleNamespace(model=model))) is None
+
+
+def test_the_adapters_field_names_the_model_of_a_chat_or_completion_body():
+    from lmi_server.api.adapter_routing import adapters_field
+
+    body = {"model": "base-model", "prompt": "x", "adapters": "pirate"}
+    assert adapters_field(_naming_request(), body, lmi=False) == {"model": "pirate", "prompt": "x"}
+    assert adapters_field(_naming_request(), {**body, "adapters": ["pirate"]}, lmi=True)["model"] == "pirate"
+    assert adapters_field(_naming_request("shouter"), body, lmi=False) == {"model": "base-model", "prompt": "x"}  # header wins
+    lmi_body = {"inputs": "x", "adapters": "pirate"}
+    assert adapters_field(_naming_request(), lmi_body, lmi=True) is lmi_body  # LMI's own schema reads it itself
+    with pytest.raises(APIError) as err:
+        adapters_field(_naming_request(), {**body, "adapters": ["a", "b"]}, lmi=False)
+    assert err.value.status == 400 and err.value.param == "adapters"
+    with pytest.raises(APIError) as err:
+        adapters_field(_naming_request(), {**body, "adapters": 3}, lmi=True)
+    assert err.value.status == 424 and err.value.lmi

@@ -153,5 +153,5 @@ def test_vllm_loads_the_image_only_processor_plugin():
 
     from lmi_server.demo import vision
 
-    (ep,) = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("lmi_server")]
+    (ep,) = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("lmi_server.demo.vision")]
     assert ep.load() is vision.vllm_plugin
