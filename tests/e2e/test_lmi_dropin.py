@@ -15,7 +15,8 @@ import shutil
 import httpx
 import pytest
 
-from tests.e2e.test_lora import HEADER, HELLO, _adapters_for
+from tests.e2e.conftest import _adapters_for
+from tests.e2e.test_lora import HEADER, HELLO
 from tests.support.server import DEMO_PROPS, running_server
 
 pytestmark = pytest.mark.e2e

@@ -21,8 +21,8 @@ import pytest
 from deploy.cluster import redis_server_binary
 from tests.e2e.test_api import metric_value
 from tests.e2e.test_lmcache import long_prompt
-from tests.e2e.test_lora import BASE_PROPS, _adapters_for
-from tests.support.server import ServerProcess, free_port, server_env, write_properties
+from tests.e2e.conftest import _adapters_for
+from tests.support.server import DEMO_PROPS, ServerProcess, free_port, server_env, write_properties
 
 KEYS = ["sk-first-" + secrets.token_hex(12), "sk-second-" + secrets.token_hex(12)]
 REDIS_PASSWORD = "redis-pw-" + secrets.token_hex(12)
@@ -76,7 +76,7 @@ def secure(tmp_path_factory):
     )
     (model_dir / "api_keys").write_text("# rotation: both keys work\n" + "\n".join(KEYS) + "\n")
     props = {
-        **BASE_PROPS,
+        **DEMO_PROPS,
         "option.enable_prefix_caching": "false",  # cached_tokens then counts LMCache hits only
         "option.lmcache_config_file": "lmcache.yaml",
         "option.enable_lora": "true",
