@@ -45,6 +45,19 @@ def _shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
+def _shm_mapped_by(pids: list[int]) -> set[str]:
+    """The /dev/shm segments these processes have mapped: this server's own, whatever else runs
+    on the host (other servers' segments come and go beside it)."""
+    names = set()
+    for pid in pids:
+        try:
+            maps = open(f"/proc/{pid}/maps").read()
+        except OSError:
+            continue
+        names |= {line.split("/dev/shm/", 1)[1].split(" (deleted)")[0].strip() for line in maps.splitlines() if "/dev/shm/" in line}
+    return names
+
+
 def _stream_tokens(server: ServerProcess, result: dict, max_tokens: int) -> None:
     """A streaming completion; records the status, chunks received and how the stream ended."""
     body = {
@@ -79,6 +92,8 @@ def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(tmp_path
         assert 503 in server.ping_history
         children = server.descendants()
         assert children, "the engine runs in child processes"
+        mapped = _shm_mapped_by([server.proc.pid, *(c.pid for c in children)])
+        assert any(name.startswith("psm_") for name in mapped), mapped  # vLLM's message rings
         results: list[dict] = [{"streaming": threading.Event()}, {"streaming": threading.Event()}]
         # Long enough to be still running after the checks below on a fast host (400 tokens of the
         # tiny model ended within a second of SIGTERM there, and the server was gone before the POST).
@@ -107,7 +122,7 @@ def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(tmp_path
         while _alive(children) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not _alive(children), f"orphans: {_alive(children)}"
-        ours = {name for name in _shm() - shm_before if name.startswith(("psm_", "lmcache"))}
+        ours = {name for name in (_shm() - shm_before) & mapped if name.startswith(("psm_", "lmcache"))}
         assert not ours, f"shared-memory segments left behind: {ours}"
     finally:
         server.stop()
