@@ -93,8 +93,33 @@ def fresh_start(model_dir: Path, label: str, lmcache: bool) -> tuple[ServerProce
     markers = list(START_MARKERS)
     if lmcache:
         markers.insert(1, LMCACHE_MARKER)
-    sample = {"ready_s": round(ready_s, 2), "phases": phases(server.log_path, wall, markers), "load_average": load_average()}
+    sample = {"ready_s": round(ready_s, 2), "cpu_s": cpu_used({}, tree_cpu(server.proc.pid)),
+              "phases": phases(server.log_path, wall, markers), "load_average": load_average()}
     return server, sample
+
+
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) each process of the server's tree has used so far."""
+    import psutil
+
+    out: dict[int, float] = {}
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return out
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the tree used between two snapshots (processes gone meanwhile are not counted):
+    on a host shared with other work, a measure of the work that contention does not stretch."""
+    return round(sum(t - before.get(pid, 0.0) for pid, t in after.items()), 1)
 
 
 def load_average() -> list[float]:
@@ -127,9 +152,11 @@ def main() -> int:
                     time.sleep(5)  # the new engine settles
                     load = load_average()
                     after = line_count(server.log_path)
+                    cpu_before = tree_cpu(server.proc.pid)
                     killed_wall, killed_at = time.time(), time.monotonic()
                     killed = kill_engine(server.proc.pid)
                     back = wait_serving(server.base_url, killed_at, timeout=900)
+                    back["cpu_s"] = cpu_used({p: t for p, t in cpu_before.items() if p not in killed}, tree_cpu(server.proc.pid))
                     assert server.proc.poll() is None, "the server process ended"
                     same_cache = [p.pid for p in cache_server_processes(server.proc.pid)] == cache_before
                     recoveries.append({**back, "phases": phases(server.log_path, killed_wall, RECOVERY_MARKERS, after),
@@ -150,7 +177,8 @@ def main() -> int:
         "what": "seconds from SIGKILL of the engine core and worker to the first completion answered 200 by the same "
         "server process (recovery), against spawn -> /ping 200 of a fresh lmi-server serve of the same "
         "configuration (process restart); medians of the samples; ratio_median_of_pairs divides each recovery "
-        "by the start of its own server, minutes apart on the same shared host",
+        "by the start of its own server, minutes apart on the same shared host; *_cpu_s: CPU seconds the "
+        "server's process tree used meanwhile (what contention from other work does not stretch)",
         "config": {k: v for k, v in props.items() if k != "option.adapters_path"},
         "lmcache": not args.no_lmcache,
         "fork_server": not args.no_fork_server,
@@ -158,12 +186,15 @@ def main() -> int:
         "process_restart_s": round(restart_s, 2),
         "ratio": round(recovery_s / restart_s, 3),
         "ratio_median_of_pairs": statistics.median(r["vs_own_start"] for r in recoveries),
+        "recovery_cpu_s": statistics.median(r["cpu_s"] for r in recoveries),
+        "process_restart_cpu_s": statistics.median(r["cpu_s"] for r in restarts),
         "recoveries": recoveries,
         "process_restarts": restarts,
         "host": {**machine(), "load_average_at_end": load_average()},
     }
     path = save(args.name, doc)
-    print(f"recovery {doc['recovery_s']} s, process restart {doc['process_restart_s']} s, ratio {doc['ratio']}: {path}")
+    print(f"recovery {doc['recovery_s']} s ({doc['recovery_cpu_s']} CPU s), process restart {doc['process_restart_s']} s "
+          f"({doc['process_restart_cpu_s']} CPU s), ratio {doc['ratio']}: {path}")
     return 0
 
 
