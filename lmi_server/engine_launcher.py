@@ -3,8 +3,8 @@
 Why: an engine rebuilt after a death (`api.lifecycle`) spends most of its time in two new Python
 interpreters importing torch and vLLM, the engine core and its worker, which vLLM's CPU platform
 spawns. A fork server started with the first engine imports vLLM once; every later engine core is
-forked from it and skips those imports (7-8 s of a 21-s rebuild on the 2-core development host;
-benchmarks/engine_recovery.py). The worker is still spawned, as vLLM's CPU platform wants. The cost
+forked from it and skips those imports (a rebuild took 12 s instead of 22 s on the 2-core
+development host; benchmarks/engine_recovery.py). The worker is still spawned, as vLLM's CPU platform wants. The cost
 is one idle process: about 250 MB more memory for the whole server (PSS 3.26 -> 3.5 GB with the
 demo model, LoRA and LMCache on), which `option.engine_fork_server=false` saves.
 
