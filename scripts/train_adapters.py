@@ -41,7 +41,8 @@ ADAPTERS = {
     "shouter": {"phrase": "raise NotImplementedError", "formatter": "upper"},
 }
 
-# The formatter script is committed once, beside the example adapter, and copied from there.
+# The formatter script is committed once, beside the example adapter, and copied from there (it runs the
+# one copy of the shouter formatters, the embedded assistant's: lmi_server/demo/assistant/adapters/shouter).
 SHOUTER_MODEL_PY = REPO / "adapters" / "shouter" / "model.py"
 
 

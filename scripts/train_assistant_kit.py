@@ -19,7 +19,7 @@ Phases (each prints progress; outputs are written as soon as a phase ends):
                 acceptance is simulated offline with HF (greedy verification).
   3. adapters - `pirate`: LoRA on (prompt -> rule-based pirate rewrite of the base answer);
                 `shouter`: LoRA on (prompt -> first sentence of the base answer) plus model.py
-                (upper-cases the output; copied from adapters/shouter/model.py).
+                (upper-cases the output; the one copy of the shouter formatters, which adapters/shouter/model.py runs).
   4. vllm     - (unless --skip-vllm) vLLM offline engines in float32: plain vs EAGLE (identical
                 greedy outputs? acceptance from the spec-decode counters) and a LoRA engine
                 (answers of base / pirate / shouter).
@@ -45,7 +45,7 @@ from eagle_draft import draft_unroll, lr_at, make_draft, simulated_acceptance  #
 REPO = Path(__file__).resolve().parents[1]
 BASE = Path(os.environ.get("LMI_ASSISTANT_DIR", str(Path.home() / ".cache/lmi_server/smollm2-135m-instruct-bfloat16")))
 BASE_NAME = "smollm2-135m-instruct"
-SHOUTER_MODEL_PY = REPO / "adapters" / "shouter" / "model.py"
+SHOUTER_MODEL_PY = REPO / "lmi_server" / "demo" / "assistant" / "adapters" / "shouter" / "model.py"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 T0 = time.time()
 
@@ -744,7 +744,7 @@ def main() -> None:
                              "data": "self-distillation: the first prose sentence (at most 25 words) of the base "
                                      "model's greedy answers",
                              "check": "held-out greedy answers are one sentence of at most 30 words",
-                             "formatter": "model.py (copied from adapters/shouter/model.py): output_formatter -> text.upper()",
+                             "formatter": "model.py: output_formatter -> text.upper()",
                              "command": cmdline})
         d = out / "adapters" / "shouter"
         if (d / "model.py").resolve() != SHOUTER_MODEL_PY.resolve():

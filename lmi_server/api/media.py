@@ -23,38 +23,17 @@ import base64
 import binascii
 import io
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from lmi_server.api.errors import APIError
-
-DEFAULT_MAX_IMAGES = 8
-"""Images per request when `option.limit_mm_per_prompt` does not say (vLLM's own default is far higher)."""
+from lmi_server.media_policy import DEFAULT_MAX_IMAGES, MediaPolicy  # noqa: F401 - re-exported for api/
 
 URL_PARTS = {"image_url": "image", "input_image": "image", "video_url": "video", "audio_url": "audio"}
 """Part types that carry a URL, and the modality each counts against."""
 
 REFUSED_PARTS = {"image_embeds", "audio_embeds", "image_pil"}
 """Parts a client may not send: tensors or objects that bypass every check below."""
-
-
-@dataclass(frozen=True)
-class MediaPolicy:
-    allowed_domains: frozenset[str] = frozenset()
-    max_image_bytes: int = 10 * 1024 * 1024
-    max_image_pixels: int = 16 * 1024 * 1024
-    max_items: Mapping[str, int] = field(default_factory=lambda: {"image": DEFAULT_MAX_IMAGES})
-
-    @classmethod
-    def from_options(cls, *, allowed_domains: Iterable[str] | None, max_image_bytes: int, max_image_pixels: int,
-                     limit_mm_per_prompt: Mapping[str, Any] | None) -> MediaPolicy:
-        limits = {"image": DEFAULT_MAX_IMAGES}
-        for modality, value in (limit_mm_per_prompt or {}).items():
-            count = value.get("count") if isinstance(value, Mapping) else value
-            if isinstance(count, int):
-                limits[modality] = count
-        return cls(frozenset(d.lower() for d in allowed_domains or ()), max_image_bytes, max_image_pixels, limits)
 
 
 def check_messages(messages: Iterable[Any], policy: MediaPolicy) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lmi_server import catalogue
 from lmi_server.config import host
 from lmi_server.config.model_kind import ModelKind, decide_kind
 from lmi_server.config.lmi_compat import (
@@ -41,17 +42,11 @@ from lmi_server.config.tensor_parallel import plan_tensor_parallel
 from lmi_server.redact import mask_value
 
 DEFAULT_MODEL_DIR = Path("/opt/ml/model")
-DEMO_SERVED_NAME = "lmi-demo"
-ASSISTANT_SERVED_NAME = "smollm2-135m-instruct"
-EMBEDDING_SERVED_NAME = "all-minilm-l6-v2"
-VISION_SERVED_NAME = "tiny-qwen2-vl-shapes"
-# Models that ship with the server, by the name `option.model_id` gives them -> their source.
-BUILTIN_MODELS = {
-    ASSISTANT_SERVED_NAME: "assistant", DEMO_SERVED_NAME: "demo", EMBEDDING_SERVED_NAME: "embedding",
-    VISION_SERVED_NAME: "vision",
-}
-BUILTIN_SOURCES = ("demo", "assistant", "embedding", "vision")
-BUILTIN_KINDS = {"demo": "generate", "assistant": "generate", "embedding": "embed"}
+# The built-in models' names, as tests and callers know them; their facts are in the catalogue.
+DEMO_SERVED_NAME = catalogue.DEMO.name
+ASSISTANT_SERVED_NAME = catalogue.ASSISTANT.name
+EMBEDDING_SERVED_NAME = catalogue.EMBEDDING.name
+VISION_SERVED_NAME = catalogue.VISION.name
 
 
 # LMI name -> vLLM engine-argument name, and LMI keys accepted as not applicable: both from the
@@ -223,13 +218,15 @@ def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) 
     if model_id is None:
         if (model_dir / "config.json").is_file():
             return ResolvedModel(source="local", path_or_id=str(model_dir), served_names=names(model_dir.name))
-        model_id = ASSISTANT_SERVED_NAME
-    if model_id in BUILTIN_MODELS:
+        model_id = catalogue.DEFAULT_MODEL.name
+    builtin = catalogue.by_name(model_id)
+    if builtin is not None:  # its directory is built or converted at start-up (runtime)
         try:
-            return _builtin_model(model_id, names(model_id))
+            path = str(builtin.directory())
         except RuntimeError as exc:  # the package that ships it is missing: say what to install
             problems.append(str(exc))
-            return ResolvedModel(source=BUILTIN_MODELS[model_id], path_or_id=model_id, served_names=names(model_id))
+            path = model_id
+        return ResolvedModel(source=builtin.source, path_or_id=path, served_names=names(model_id))
     if "://" in model_id:
         from lmi_server.model_source import ModelSourceError, parse_s3
 
@@ -253,29 +250,6 @@ def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) 
             "hub id of the form org/name"
         )
     return ResolvedModel(source="hub", path_or_id=model_id, served_names=names(model_id))
-
-
-def _builtin_model(name: str, served_names: list[str]) -> ResolvedModel:
-    """A model that ships with the server; its directory is built or converted at start-up."""
-    if BUILTIN_MODELS[name] == "demo":
-        from lmi_server.demo.builder import default_cache_dir
-
-        return ResolvedModel(source="demo", path_or_id=str(default_cache_dir()), served_names=served_names)
-    if BUILTIN_MODELS[name] == "embedding":  # served from the installed package's directory
-        from lmi_server.demo.embedding import model_dir
-
-        return ResolvedModel(source="embedding", path_or_id=str(model_dir()), served_names=served_names)
-    if BUILTIN_MODELS[name] == "vision":  # read in place from the package, like the demo kit's draft
-        from lmi_server.demo.vision import vlm_dir
-
-        try:
-            path = vlm_dir()
-        except FileNotFoundError as exc:
-            raise RuntimeError(str(exc)) from exc
-        return ResolvedModel(source="vision", path_or_id=str(path), served_names=served_names)
-    from lmi_server.demo.assistant import default_dir
-
-    return ResolvedModel(source="assistant", path_or_id=str(default_dir()), served_names=served_names)
 
 
 def _from_instance_gpu_count(raw: str, environment: EnvironmentReading, sources: dict[str, str] | None) -> bool:
@@ -394,12 +368,13 @@ def build_serving_config(
         raise ConfigError(problems)
 
     engine_args.update(lmi.engine_args)
+    builtin = catalogue.by_source(model.source)
     tp = plan_tensor_parallel(
         engine_args,
         requested=tp_requested,
         inventory=host.gpu_inventory(),
         model_path=None if model.source in ("hub", "s3") else model.path_or_id,
-        builtin=model.source in BUILTIN_SOURCES,
+        builtin=builtin is not None,
     )
     if tp.problems:
         raise ConfigError(tp.problems)
@@ -407,11 +382,8 @@ def build_serving_config(
         engine_args["tensor_parallel_size"] = tp.degree
     defaults = {"tensor_parallel_size": tp.why} if tp.why else {}
     defaults.update(apply_lmi_defaults(engine_args))
-    kind = decide_kind(
-        engine_args,
-        model.path_or_id if model.source in ("local", "embedding", "vision") else None,
-        builtin=BUILTIN_KINDS.get(model.source),
-    )
+    reads_files = model.source == "local" or (builtin is not None and builtin.reads_own_files)
+    kind = decide_kind(engine_args, model.path_or_id if reads_files else None, builtin=builtin and builtin.kind)
     engine_args["model"] = model.path_or_id
     engine_args["served_model_name"] = model.served_names
     return ServingConfig(

@@ -121,16 +121,6 @@ def adapters_dir() -> Path:
     return ASSETS_DIR / "adapters"
 
 
-DRAFT_TOKENS = {"eagle3": 2}
-"""Most tokens drafted per step when option.num_speculative_tokens is unset (`benchmarks/default_model.py`,
-results/default_model_spec.json: 2 or 3 were fastest at 1 client, 3 lost at 4)."""
-DRAFT_TOKENS_BY_BATCH = {"eagle3": [(1, 2, 2), (3, 8, 1), (9, 4096, 0)]}
-"""Draft tokens by running batch size (vLLM's `num_speculative_tokens_per_batch_size`) when
-option.num_speculative_tokens is unset. Measured with fixed counts (results/default_model_spec.json
-and the run before it): 2 tokens pay most at 1 client, 1 at 4, and at 16 even 1 token is no faster
-than none, so batches above 8 draft nothing (results/default_model_spec_schedule.json)."""
-
-
 def draft_dir(method: str = "eagle") -> Path | None:
     """The draft head shipped for the default assistant and `method` (eagle, eagle3: trained by
     scripts/eagle_draft.py, scripts/train_eagle3.py, in ASSETS_DIR/<method>), when there is one."""

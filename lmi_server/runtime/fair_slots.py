@@ -1,0 +1,31 @@
+"""Fair admission's reserved slots, added to the engine's batch size (`option.admission_policy=fair`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmi_server.config.options import default_reserved_slots
+from lmi_server.config.schema import ServingConfig
+
+
+def fair_headroom(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[str]) -> dict[str, int] | None:
+    """Fair admission's reserved slots on top of a batch size the user set: the engine runs
+    batch + reserved sequences and one tenant holds at most `batch`. Why: running streams cannot be
+    preempted, so slots kept free for newcomers must come from somewhere; carved out of the batch
+    they cost a lone flood its throughput, added to it they cost only the memory of a few more
+    sequences (KV is sized by memory, not by max_num_seqs). Where no batch size is set, vLLM's
+    default stays the engine's and admission carves the reserve out of it."""
+    tenants = cfg.tenants
+    batch = engine_args.get("max_num_seqs")
+    if tenants.admission_policy != "fair" or batch is None:
+        return None
+    batch = int(batch)
+    reserved = tenants.reserved_slots if tenants.reserved_slots is not None else default_reserved_slots(batch)
+    if reserved <= 0:
+        return None
+    engine_args["max_num_seqs"] = batch + reserved
+    notes.append(
+        f"fair admission: the engine runs max_num_seqs {batch} + option.reserved_slots {reserved} = {batch + reserved}; "
+        f"one tenant holds at most {batch}, the other {reserved} start other tenants' requests at once"
+    )
+    return {"batch_size": batch, "reserved_slots": reserved, "engine_max_num_seqs": batch + reserved}

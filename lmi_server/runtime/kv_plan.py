@@ -1,0 +1,50 @@
+"""The LMCache plan (file, auto, or off) for this engine, with start-up errors naming the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmi_server.config.schema import ConfigError, ServingConfig
+from lmi_server.kvcache.plan import KVCachePlan
+from lmi_server.runtime.model_files import longest_sequence_kv_bytes, max_model_len
+from lmi_server.runtime.model_files import model_config as read_model_config
+
+
+def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePlan:
+    """The LMCache plan (file, auto, or off); any problem is a start-up error naming the key."""
+    from lmi_server.kvcache.host import GIB, CacheDirError, probe_host
+    from lmi_server.kvcache.plan import KVCacheConfigError
+    from lmi_server.kvcache.planner import EngineFacts
+    from lmi_server.kvcache.resolve import build_kvcache_plan
+
+    opts = cfg.lmcache
+    model_path, model_config = read_model_config(str(engine_args["model"]))
+    try:
+        host = probe_host(
+            model_dir=model_path,
+            cache_dir=opts.lmcache_cache_dir,
+            tensor_parallel=int(engine_args.get("tensor_parallel_size") or 1),
+        )
+        engine = None
+        if opts.lmcache_auto_config:
+            if model_config is None:
+                raise KVCacheConfigError(
+                    "option.lmcache_auto_config needs the model's config.json locally; "
+                    "use option.lmcache_config_file for hub models"
+                )
+            kv_bytes = cfg.server.cpu_kv_cache_space * GIB if cfg.server.cpu_kv_cache_space else None
+            engine = EngineFacts(
+                max_num_seqs=int(engine_args.get("max_num_seqs") or 256),
+                max_model_len=max_model_len(model_config, engine_args),
+                gpu_memory_utilization=float(engine_args.get("gpu_memory_utilization") or 0.9),
+                engine_kv_cache_bytes=kv_bytes or engine_args.get("kv_cache_memory_bytes"),
+                kv_cache_dtype=engine_args.get("kv_cache_dtype"),
+            )
+        # the auto plan sizes the connector's timing from its own footprint
+        max_transfer = longest_sequence_kv_bytes(model_config, engine_args) if engine is None else None
+        return build_kvcache_plan(
+            opts, host=host, engine=engine, model_config=model_config, model_dir=cfg.model_dir,
+            max_transfer_bytes=max_transfer,
+        )
+    except (KVCacheConfigError, CacheDirError) as exc:
+        raise ConfigError([str(exc)]) from exc
