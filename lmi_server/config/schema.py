@@ -228,7 +228,7 @@ def _resolve_model(model_dir: Path, server: ServerOptions, problems: list[str]) 
             path = model_id
         return ResolvedModel(source=builtin.source, path_or_id=path, served_names=names(model_id))
     if "://" in model_id:
-        from lmi_server.model_source import ModelSourceError, parse_s3
+        from lmi_server.source_ref import ModelSourceError, parse_s3
 
         try:  # downloaded at start-up (runtime), never while validating
             return ResolvedModel(source="s3", path_or_id=model_id, served_names=names(parse_s3(model_id).name))

@@ -34,7 +34,7 @@ class Crash(BaseException):
 def counting_transfer(monkeypatch, *, crash_on: int | None = None, corrupt: bool = False) -> list[str]:
     """Wrap the one function that moves bytes: count the objects fetched, crash or corrupt on demand."""
     calls: list[str] = []
-    real = ms._transfer
+    real = ms.s3.transfer
 
     def transfer(client, bucket, key, path, extra):
         calls.append(key)
@@ -47,7 +47,7 @@ def counting_transfer(monkeypatch, *, crash_on: int | None = None, corrupt: bool
             data[len(data) // 2] ^= 0xFF
             path.write_bytes(bytes(data))
 
-    monkeypatch.setattr(ms, "_transfer", transfer)
+    monkeypatch.setattr(ms.s3, "transfer", transfer)
     return calls
 
 
@@ -74,7 +74,7 @@ def test_a_prefix_is_downloaded_once_into_the_cache(s3_env, tmp_path, monkeypatc
     assert not list(d.parent.glob("*.partial"))
     assert ms.downloaded(url) == d and "downloaded already" in ms.plan_note(url)
     # A complete copy is reused without contacting S3 at all.
-    monkeypatch.setattr(ms, "_client", lambda url: pytest.fail("S3 contacted for a complete copy"))
+    monkeypatch.setattr(ms.s3, "client", lambda url: pytest.fail("S3 contacted for a complete copy"))
     assert ms.fetch(url + "/") == d
 
 
@@ -83,7 +83,7 @@ def test_large_files_come_in_parallel_parts_and_are_checked_against_the_multipar
     upload_dir(s3_env, "models", "big", write_files(tmp_path / "src", {"w.bin": big}), multipart_bytes=5 * 2**20)
     head = s3_client(s3_env).head_object(Bucket="models", Key="big/w.bin")
     assert head["ETag"].strip('"').endswith("-3")  # a multipart upload's ETag
-    monkeypatch.setattr(ms, "PART_BYTES", 5 * 2**20)
+    monkeypatch.setattr(ms.s3, "PART_BYTES", 5 * 2**20)
     assert tree(ms.fetch("s3://models/big")) == {"w.bin": big}
     # The same object, one byte flipped after the transfer: refused by its multipart ETag.
     calls = counting_transfer(monkeypatch, corrupt=True)
@@ -108,7 +108,7 @@ def test_a_file_that_does_not_match_its_etag_is_refused_and_nothing_is_served(s3
 def test_an_interrupted_download_resumes_with_the_files_not_yet_verified(s3_env, tmp_path, monkeypatch):
     upload_dir(s3_env, "models", "resume", write_files(tmp_path / "src", FILES))
     url = "s3://models/resume"
-    monkeypatch.setattr(ms, "FILES_AT_ONCE", 1)  # one file at a time: a deterministic crash point
+    monkeypatch.setattr(ms.s3, "FILES_AT_ONCE", 1)  # one file at a time: a deterministic crash point
     first = counting_transfer(monkeypatch, crash_on=3)
     with pytest.raises(Crash):
         ms.fetch(url)

@@ -32,7 +32,7 @@ def upload_config(endpoint: str, tmp_path: Path, prefix: str, config: dict) -> s
 
 
 def no_s3(monkeypatch):
-    monkeypatch.setattr(ms, "_client", lambda url: pytest.fail("S3 contacted"))
+    monkeypatch.setattr(ms.s3, "client", lambda url: pytest.fail("S3 contacted"))
 
 
 def test_config_says_where_the_model_will_go_and_downloads_nothing(s3_env, tmp_path, monkeypatch):
