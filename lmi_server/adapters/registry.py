@@ -25,30 +25,26 @@ The registry never talks to vLLM directly: a `LoRABackend` does (the vLLM one is
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from lmi_server.adapters.formatters import FormatterError, Formatters, load_formatters
-from lmi_server.model_source import is_remote
+from lmi_server.adapters import src_paths
+from lmi_server.adapters.entry import AdapterEntry, Lease, LoRABackend, weights_fingerprint
+from lmi_server.adapters.errors import AdapterConflict, AdapterNotFound, AdapterUnavailable
+from lmi_server.adapters.formatters import FormatterError, load_formatters
 from lmi_server.adapters.validation import (
     AdapterInvalid,
-    AdapterSpec,
     BaseModelInfo,
-    CONFIG_FILE,
-    FORMATTER_FILE,
-    WEIGHTS_FILES,
     has_adapter_files,
     inspect_adapter,
     validate_name,
-    weights_file,
 )
+from lmi_server.source_ref import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -57,114 +53,13 @@ ADAPTER_EVICTIONS = Counter("lmi_adapter_evictions", "LoRA adapters evicted from
 ADAPTERS_RESIDENT = Gauge("lmi_adapters_resident", "LoRA adapters whose weights are loaded in the engine")
 ADAPTERS_REGISTERED = Gauge("lmi_adapters_registered", "LoRA adapters registered (weights not necessarily loaded)")
 
-
-def weights_fingerprint(path: Path) -> str:
-    """sha256 over the adapter's config and weight files (what the engine loads)."""
-    digest = hashlib.sha256()
-    weights = weights_file(path)
-    for fname in (CONFIG_FILE, weights.name if weights is not None else WEIGHTS_FILES[0]):
-        digest.update(fname.encode() + b"\0")
-        with open(path / fname, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-class AdapterNotFound(LookupError):
-    def __init__(self, name: str, known: list[str] | None = None):
-        self.name = name
-        hint = ""
-        if known is not None:
-            shown = ", ".join(sorted(known)[:10]) + (", ..." if len(known) > 10 else "")
-            hint = f"; registered adapters: {shown}" if known else "; no adapters are registered"
-        super().__init__(f"adapter {name!r} not found{hint}")
-
-
-class AdapterUnavailable(RuntimeError):
-    """Registered-but-broken (failed registration) or failed to load: the dependency failed (424)."""
-
-
-class AdapterConflict(ValueError):
-    pass
-
-
 PIN_WITHOUT_PRELOAD = "Can not set preload to false and pin to true"
 PAGE_LIMIT = 100  # LMI's list API: default and largest page
 
 
-class LoRABackend(Protocol):
-    def is_base_model(self, name: str) -> bool: ...
-    def base_names(self) -> list[str]: ...
-    async def load(self, name: str, path: Path) -> Any: ...  # -> handle (LoRARequest)
-    async def unload(self, name: str, handle: Any) -> None: ...
-    def detach(self, name: str, handle: Any) -> None: ...
-    async def pin(self, handle: Any) -> None: ...
-
-
-@dataclass(eq=False)
-class AdapterEntry:
-    spec: AdapterSpec
-    formatters: Formatters
-    pinned: bool = False
-    preload: bool = False  # weights loaded at registration (LMI's `preload`)
-    source: str | None = None  # `src` as registered through the API (None: found at start-up)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    handle: Any = None  # vLLM LoRARequest while resident
-    in_flight: int = 0
-    loads: int = 0
-    last_used: float | None = None
-    deleted: bool = False
-    registered_at: float = field(default_factory=time.time)
-    fingerprint: str | None = None  # sha256 of the weight files, computed at each load
-
-    def cache_identity(self) -> str:
-        """What KV computed under this adapter is keyed by: its name and the weights in the engine."""
-        return f"lora:{self.name}:{self.fingerprint or 'unloaded'}"
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def resident(self) -> bool:
-        return self.handle is not None
-
-    def describe(self) -> dict[str, Any]:
-        s = self.spec
-        return {
-            "name": s.name,
-            "src": str(s.path),
-            "status": "loaded" if self.resident else "registered",
-            "preload": self.preload,
-            "pin": self.pinned,  # LMI's name
-            "pinned": self.pinned,
-            "rank": s.rank,
-            "lora_alpha": s.alpha,
-            "target_modules": s.target_modules,
-            "base_model": s.base_model,
-            "input_formatter": self.formatters.has_input,
-            "output_formatter": self.formatters.has_output,
-            "weight_bytes": s.weight_bytes,
-            "weights_file": s.weights_file,
-            "loads": self.loads,
-            "fingerprint": self.fingerprint,
-            "in_flight": self.in_flight,
-            "last_used": self.last_used,
-        }
-
-
-@dataclass
-class Lease:
-    entry: AdapterEntry
-    registry: AdapterRegistry | None = None
-    released: bool = False
-
-    async def release(self) -> None:
-        if self.registry is not None:
-            await self.registry.release(self)
-
-
 class AdapterRegistry:
+    """Registered adapters by name, the LRU of resident ones, and LMI's management operations."""
+
     def __init__(
         self,
         backend: LoRABackend,
@@ -212,40 +107,11 @@ class AdapterRegistry:
 
     def resolve_src(self, src: str) -> Path:
         """A local directory inside an allowed root (symlinks resolved), else AdapterInvalid."""
-        if not isinstance(src, str) or not src.strip():
-            raise AdapterInvalid("src must be a local directory path")
-        if is_remote(src):
-            return _fetch_remote(src)
-        if "://" in src:
-            raise AdapterInvalid(f"src {src!r}: only local directories and s3:// URLs are accepted")
-        if not self.allowed_roots:
-            raise AdapterInvalid("no adapter root is configured (option.adapters_path); cannot register from src")
-        path = Path(src).expanduser()
-        if not path.is_absolute():
-            path = self.allowed_roots[0] / path
-        return self.confine(path, src)
-
-    def _inside(self, real: Path) -> bool:
-        return any(real == root or real.is_relative_to(root) for root in self.allowed_roots)
+        return src_paths.resolve_src(src, self.allowed_roots)
 
     def confine(self, path: Path, shown: str) -> Path:
-        """The resolved directory, when it and the files read from it (config, weights, model.py)
-        lie inside an allowed root after symlinks are resolved; else AdapterInvalid. Used by
-        `POST /adapters` and by `discover()` alike."""
-        roots = ", ".join(str(r) for r in self.allowed_roots) or "none configured"
-        try:
-            real = path.resolve()
-        except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
-            raise AdapterInvalid(f"src {shown!r} is not a usable path: {exc}") from None
-        if not self._inside(real):
-            raise AdapterInvalid(f"src {shown!r} is outside the allowed adapter root ({roots})")
-        if not real.is_dir():
-            raise AdapterInvalid(f"src {shown!r} is not a directory")
-        for fname in (CONFIG_FILE, *WEIGHTS_FILES, FORMATTER_FILE):
-            target = real / fname
-            if target.exists() and not self._inside(target.resolve()):
-                raise AdapterInvalid(f"src {shown!r}: {fname} links outside the allowed adapter root ({roots})")
-        return real
+        """The resolved directory when it and its files lie inside an allowed root (`src_paths.confine`)."""
+        return src_paths.confine(path, shown, self.allowed_roots)
 
     def register(self, name: str, path: Path, *, pin: bool = False) -> AdapterEntry:
         """Validate and register; on any failure nothing is registered (all-or-nothing)."""
@@ -468,14 +334,3 @@ class AdapterRegistry:
         log.info("adapters: %r removed", entry.name)
 
 
-def _fetch_remote(src: str) -> Path:
-    """An s3:// adapter, downloaded once into the server's cache (the adapter root confines local
-    paths only): a malformed URL is AdapterInvalid (400), a failed download AdapterUnavailable (424)."""
-    from lmi_server.model_source import ModelSourceError, SourceInvalid, fetch
-
-    try:
-        return fetch(src)
-    except SourceInvalid as exc:
-        raise AdapterInvalid(f"src {src!r}: {exc.cause}") from None
-    except ModelSourceError as exc:
-        raise AdapterUnavailable(f"src {src!r} cannot be downloaded: {exc.cause}") from None

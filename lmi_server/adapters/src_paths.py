@@ -1,0 +1,63 @@
+"""Where an adapter's `src` may point: a local directory inside an allowed root (after symlinks
+are resolved, for the directory and every file read from it), or an s3:// URL downloaded once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmi_server.adapters.errors import AdapterUnavailable
+from lmi_server.adapters.validation import CONFIG_FILE, FORMATTER_FILE, WEIGHTS_FILES, AdapterInvalid
+from lmi_server.source_ref import is_remote
+
+
+def resolve_src(src: str, allowed_roots: list[Path]) -> Path:
+    """A local directory inside an allowed root (symlinks resolved), else AdapterInvalid."""
+    if not isinstance(src, str) or not src.strip():
+        raise AdapterInvalid("src must be a local directory path")
+    if is_remote(src):
+        return fetch_remote(src)
+    if "://" in src:
+        raise AdapterInvalid(f"src {src!r}: only local directories and s3:// URLs are accepted")
+    if not allowed_roots:
+        raise AdapterInvalid("no adapter root is configured (option.adapters_path); cannot register from src")
+    path = Path(src).expanduser()
+    if not path.is_absolute():
+        path = allowed_roots[0] / path
+    return confine(path, src, allowed_roots)
+
+
+def inside(allowed_roots: list[Path], real: Path) -> bool:
+    return any(real == root or real.is_relative_to(root) for root in allowed_roots)
+
+
+def confine(path: Path, shown: str, allowed_roots: list[Path]) -> Path:
+    """The resolved directory, when it and the files read from it (config, weights, model.py)
+    lie inside an allowed root after symlinks are resolved; else AdapterInvalid. Used by
+    `POST /adapters` and by `discover()` alike."""
+    roots = ", ".join(str(r) for r in allowed_roots) or "none configured"
+    try:
+        real = path.resolve()
+    except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
+        raise AdapterInvalid(f"src {shown!r} is not a usable path: {exc}") from None
+    if not inside(allowed_roots, real):
+        raise AdapterInvalid(f"src {shown!r} is outside the allowed adapter root ({roots})")
+    if not real.is_dir():
+        raise AdapterInvalid(f"src {shown!r} is not a directory")
+    for fname in (CONFIG_FILE, *WEIGHTS_FILES, FORMATTER_FILE):
+        target = real / fname
+        if target.exists() and not inside(allowed_roots, target.resolve()):
+            raise AdapterInvalid(f"src {shown!r}: {fname} links outside the allowed adapter root ({roots})")
+    return real
+
+
+def fetch_remote(src: str) -> Path:
+    """An s3:// adapter, downloaded once into the server's cache (the adapter root confines local
+    paths only): a malformed URL is AdapterInvalid (400), a failed download AdapterUnavailable (424)."""
+    from lmi_server.model_source import ModelSourceError, SourceInvalid, fetch
+
+    try:
+        return fetch(src)
+    except SourceInvalid as exc:
+        raise AdapterInvalid(f"src {src!r}: {exc.cause}") from None
+    except ModelSourceError as exc:
+        raise AdapterUnavailable(f"src {src!r} cannot be downloaded: {exc.cause}") from None
