@@ -8,13 +8,10 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from lmi_server.adapters.formatters import Formatters
 from lmi_server.adapters.validation import CONFIG_FILE, WEIGHTS_FILES, AdapterSpec, weights_file
-
-if TYPE_CHECKING:
-    from lmi_server.adapters.registry import AdapterRegistry
 
 
 def weights_fingerprint(path: Path) -> str:
@@ -93,7 +90,7 @@ class AdapterEntry:
 @dataclass
 class Lease:
     entry: AdapterEntry
-    registry: AdapterRegistry | None = None
+    registry: Any = None  # the AdapterRegistry that gave it out (typed loosely: it imports this module)
     released: bool = False
 
     async def release(self) -> None:

@@ -228,22 +228,8 @@ def _target_modules(cfg: dict[str, Any]) -> list[str]:
     raise AdapterInvalid(f"{CONFIG_FILE}: target_modules must be a list of module names, got {tm!r}")
 
 
-def inspect_adapter(
-    name: str,
-    path: Path,
-    *,
-    max_rank: int | None = None,
-    base: BaseModelInfo | None = None,
-) -> AdapterSpec:
-    """Validate an adapter directory against the served model; raise AdapterInvalid with the reason."""
-    validate_name(name)
-    if not path.is_dir():
-        raise AdapterInvalid(f"adapter directory {path} does not exist")
-    if not (path / CONFIG_FILE).is_file():
-        raise AdapterInvalid(f"adapter {name!r}: {CONFIG_FILE} is missing in {path}")
-    weights = weights_file(path)
-    if weights is None:
-        raise AdapterInvalid(f"adapter {name!r}: {WEIGHTS_FILE} is missing in {path} ({' or '.join(WEIGHTS_FILES[1:])} is accepted too)")
+def _read_config(name: str, path: Path, max_rank: int | None) -> tuple[dict[str, Any], int]:
+    """adapter_config.json as a LoRA config whose rank vLLM can serve: (config, rank)."""
     try:
         cfg = json.loads((path / CONFIG_FILE).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -261,8 +247,11 @@ def inspect_adapter(
             f"adapter {name!r}: rank r={rank} exceeds option.max_lora_rank={max_rank}; "
             "raise option.max_lora_rank or use an adapter of lower rank"
         )
-    targets = _target_modules(cfg)
-    base_name = cfg.get("base_model_name_or_path")
+    return cfg, rank
+
+
+def _check_base(name: str, base_name: Any, targets: list[str], base: BaseModelInfo | None) -> list[str]:
+    """Target modules the base model lacks are refused; another base model's name is only a warning."""
     warnings: list[str] = []
     if base is not None and base_name and base.names and str(base_name) not in base.names:
         if Path(str(base_name)).name not in base.names:
@@ -281,10 +270,15 @@ def inspect_adapter(
                 f"adapter {name!r}: target modules {missing} do not exist in the base model "
                 f"(it has {sorted(m for m in base.module_names if m != 'weight')})"
             )
-    header = read_weights_header(weights)
+    return warnings
+
+
+def _check_tensors(name: str, weights: Path, rank: int, base: BaseModelInfo | None) -> int:
+    """Every LoRA tensor's shape against the base model's module (when its shapes are known); returns
+    the weights' size in bytes."""
     lora_keys = 0
     weight_bytes = 0
-    for key, info in header.items():
+    for key, info in read_weights_header(weights).items():
         weight_bytes += info["data_offsets"][1] - info["data_offsets"][0]
         m = _KEY_RE.match(key) or _EMBED_KEY_RE.match(key)
         if not m:
@@ -312,6 +306,30 @@ def inspect_adapter(
             f"adapter {name!r}: {weights.name} holds no LoRA tensors (expected keys like "
             "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)"
         )
+    return weight_bytes
+
+
+def inspect_adapter(
+    name: str,
+    path: Path,
+    *,
+    max_rank: int | None = None,
+    base: BaseModelInfo | None = None,
+) -> AdapterSpec:
+    """Validate an adapter directory against the served model; raise AdapterInvalid with the reason."""
+    validate_name(name)
+    if not path.is_dir():
+        raise AdapterInvalid(f"adapter directory {path} does not exist")
+    if not (path / CONFIG_FILE).is_file():
+        raise AdapterInvalid(f"adapter {name!r}: {CONFIG_FILE} is missing in {path}")
+    weights = weights_file(path)
+    if weights is None:
+        raise AdapterInvalid(f"adapter {name!r}: {WEIGHTS_FILE} is missing in {path} ({' or '.join(WEIGHTS_FILES[1:])} is accepted too)")
+    cfg, rank = _read_config(name, path, max_rank)
+    targets = _target_modules(cfg)
+    base_name = cfg.get("base_model_name_or_path")
+    warnings = _check_base(name, base_name, targets, base)
+    weight_bytes = _check_tensors(name, weights, rank, base)
     for warning in warnings:
         log.warning("adapters: %s", warning)
     return AdapterSpec(
@@ -327,3 +345,4 @@ def inspect_adapter(
         config=cfg,
         warnings=warnings,
     )
+

@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
+from lmi_server.config.tenant_options import TenantOptions, default_reserved_slots  # noqa: F401 - a section; re-exported
+
 
 class ServerOptions(BaseModel):
     """Keys about the model source and the HTTP layer."""
@@ -312,79 +314,6 @@ class SecurityOptions(BaseModel):
     )
 
 
-class TenantOptions(BaseModel):
-    """Tenants, fair admission, priorities and per-tenant rate limits (see README, Tenants)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    admission_policy: Literal["fair", "fifo"] = Field(
-        "fair",
-        description="How waiting requests get engine slots: fair (tenants in turn, weighted, priority first, "
-        "FIFO within a tenant) or fifo (one arrival order for all, priority first).",
-    )
-    tenant_header: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z0-9-]{1,64}$",
-        description="Request header that names the tenant (e.g. x-tenant-id) of a request that has neither a "
-        "named API key nor an adapter. Unset: such requests share one tenant, `default`.",
-    )
-    tenant_weights: dict[str, float] = Field(
-        {},
-        description="Weights of the fair policy, `name:weight,...` (e.g. `pirate:3,shouter:1`); others weigh 1. "
-        "A key file entry may carry its own `weight=`.",
-    )
-    tenant_queue_share: float = Field(
-        0.5,
-        gt=0,
-        le=1,
-        description="Share of option.job_queue_size that one tenant's waiting requests may fill; past it that "
-        "tenant gets 429 with Retry-After while others still get in. 1: no per-tenant bound.",
-    )
-    reserved_slots: int | None = Field(
-        None,
-        ge=0,
-        description="Fair policy: engine slots kept for the tenants within their share. Where the batch size is "
-        "set (option.max_rolling_batch_size / max_num_seqs) the engine runs that many plus these, and one tenant "
-        "holds at most the batch size: a flood keeps the throughput it has alone while another tenant's request "
-        "starts at once. Where it is not set, they come out of vLLM's default. While other tenants are present "
-        "(requests in flight or waiting, or one in the last 60 s), a tenant beyond its weighted share takes a "
-        "free slot only if this many stay free. Default: max(2, batch size // 8); 0: none.",
-    )
-    tenant_requests_per_second: float | None = Field(
-        None,
-        gt=0,
-        description="Requests per second each tenant may send (bursts up to one second's worth, at least 1); "
-        "past it 429 with Retry-After and x-ratelimit-* headers. A key file entry may carry its own "
-        "`requests_per_second=`. Default: no limit.",
-    )
-    tenant_tokens_per_minute: int | None = Field(
-        None,
-        gt=0,
-        description="Tokens per minute each tenant may use (prompt estimated as characters/4, plus the "
-        "requested max tokens, charged at admission; bursts up to a minute's worth); past it 429. A key file "
-        "entry may carry its own `tokens_per_minute=`. Default: no limit.",
-    )
-
-    @field_validator("tenant_weights", mode="before")
-    @classmethod
-    def _parse_weights(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        weights: dict[str, float] = {}
-        for part in (p.strip() for p in value.split(",")):
-            if not part:
-                continue
-            name, sep, weight = part.rpartition(":")
-            try:
-                number = float(weight)
-            except ValueError:
-                number = -1.0
-            if not sep or not name.strip() or not number > 0:
-                raise ValueError(f"expected name:weight pairs with positive weights, e.g. pirate:3,shouter:1 (got {part!r})")
-            weights[name.strip()] = number
-        return weights
-
-
 SECTIONS: dict[str, type[BaseModel]] = {
     "server": ServerOptions,
     "lmcache": LMCacheOptions,
@@ -394,10 +323,3 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "security": SecurityOptions,
     "tenants": TenantOptions,
 }
-
-
-def default_reserved_slots(batch_size: int) -> int:
-    """option.reserved_slots when unset: one slot per eight, at least two (with one, two newcomers
-    arriving together take turns waiting for it: benchmarks/results/fairness_reserve1.json)."""
-    return max(2, int(batch_size) // 8)
-

@@ -9,9 +9,8 @@ LMI's names are mapped onto vLLM's; LMI keys that mean nothing here are accepted
 from __future__ import annotations
 
 import difflib
-import json
 import re
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmi_server import catalogue
 from lmi_server.config import host
+from lmi_server.config.engine_values import (
+    coerce_engine_value,
+    example_value,
+    vllm_engine_arg_table,
+    vllm_frontend_arg_table,
+    vllm_frontend_excluded,
+)
 from lmi_server.config.model_kind import ModelKind, decide_kind
 from lmi_server.config.lmi_compat import (
     EnvironmentReading,
@@ -55,7 +61,6 @@ LMI_ALIASES: dict[str, str] = lmi_aliases()
 LMI_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 NOT_APPLICABLE: dict[str, str] = not_applicable_options()
 
-_EXAMPLES = {"int": "4096", "float": "0.9", "bool": "true", "json": '{"key": "value"}'}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -80,23 +85,12 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n  - " + "\n  - ".join(problems))
 
 
-@lru_cache(maxsize=1)
-def _vllm_tables() -> dict[str, Any]:
-    return json.loads(Path(__file__).with_name("vllm_engine_args.json").read_text())
 
 
-def vllm_engine_arg_table() -> dict[str, dict[str, Any]]:
-    return _vllm_tables()["args"]
 
 
-def vllm_frontend_arg_table() -> dict[str, dict[str, Any]]:
-    """vLLM `serve` front-end options (tool calling, chat template, request logging ...)."""
-    return _vllm_tables()["frontend_args"]
 
 
-def vllm_frontend_excluded() -> dict[str, str]:
-    """vLLM front-end options that are not keys here, with the reason."""
-    return _vllm_tables()["frontend_excluded"]
 
 
 # Engine arguments this server owns: setting them in properties would break the wiring.
@@ -124,52 +118,8 @@ def suggest(key: str) -> str:
     return f" (did you mean option.{match[0]}?)" if match else ""
 
 
-def coerce_engine_value(key: str, raw: str, desc: dict[str, Any]) -> Any:
-    """Convert a properties string to the type vLLM's engine argument wants, or raise ValueError."""
-    kind = desc["kind"]
-    text = raw.strip()
-    if desc.get("nullable") and text.lower() in ("none", "null"):
-        return None
-    if kind == "bool":
-        lowered = text.lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ValueError("expected true or false")
-    if kind == "int":
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError("expected an integer") from None
-    if kind == "float":
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError("expected a number") from None
-    if kind == "choice":
-        for choice in desc["choices"]:
-            if str(choice).lower() == text.lower():
-                return choice
-        raise ValueError("expected one of " + ", ".join(str(c) for c in desc["choices"]))
-    if desc.get("known") and text not in desc["known"]:
-        close = difflib.get_close_matches(text, desc["known"], n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
-        raise ValueError(f"unknown name; {hint}vLLM knows: {', '.join(desc['known'])}")
-    if kind == "json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"expected JSON ({exc.msg} at column {exc.colno})") from None
-        except RecursionError:
-            raise ValueError("JSON nested too deeply") from None
-    return text
 
 
-def _example(key: str, desc: dict[str, Any]) -> str:
-    if desc["kind"] == "choice":
-        return f"option.{key}={desc['choices'][0]}"
-    return f"option.{key}={_EXAMPLES.get(desc['kind'], 'VALUE')}"
 
 
 class ResolvedModel(BaseModel):
@@ -259,82 +209,92 @@ def _from_instance_gpu_count(raw: str, environment: EnvironmentReading, sources:
     return said == f"option.tensor_parallel_degree={raw}" and (sources or {}).get("option.tensor_parallel_degree") == "env"
 
 
-def build_serving_config(
-    properties: dict[str, str],
-    model_dir: Path = DEFAULT_MODEL_DIR,
-    *,
-    sources: dict[str, str] | None = None,
-    overridden_by_file: list[str] | None = None,
-    environ: dict[str, str] | None = None,
-    environment: EnvironmentReading | None = None,
-) -> ServingConfig:
-    """Validate merged properties; raise ConfigError listing every problem at once.
+@dataclass
+class _SortedKeys:
+    """The merged properties sorted by who reads them, still as written (strings)."""
 
-    LMI's own keys are first turned into this server's (`lmi_compat`); `environment` carries what
-    the environment said beside its properties (not-applicable variables, problems)."""
-    environment = environment or EnvironmentReading()
-    lmi = translate_properties(properties, environ)
-    properties = lmi.props
-    problems: list[str] = [*environment.problems, *lmi.problems]
-    not_applicable: dict[str, str] = {**environment.not_applicable, **lmi.not_applicable}
-    translated = {**environment.translated, **lmi.translated}
-    table = vllm_engine_arg_table()
-    frontend_table = vllm_frontend_arg_table()
-    frontend_raw: dict[str, str] = {}
+    sections: dict[str, dict[str, str]] = field(default_factory=lambda: {name: {} for name in SECTIONS})
+    engine: dict[str, tuple[str, str]] = field(default_factory=dict)  # vllm name -> (key as written, raw)
+    frontend: dict[str, str] = field(default_factory=dict)
+
+
+def _engine_key(keys: _SortedKeys, key: str, raw: str, problems: list[str]) -> None:
+    """An LMI alias or a vLLM engine argument; two names of one setting must agree."""
+    engine_raw = keys.engine
+    if key in LMI_ALIASES:
+        target = LMI_ALIASES[key]
+        if target in engine_raw and engine_raw[target][1].strip() != raw.strip():
+            problems.append(
+                f"option.{key}={raw!r} conflicts with option.{target}={engine_raw[target][1]!r}: "
+                "they name the same setting; keep one"
+            )
+        engine_raw[target] = (key, raw)
+        return
+    alias = next((a for a, t in LMI_ALIASES.items() if t == key), None)
+    if key in engine_raw and engine_raw[key][1].strip() != raw.strip():
+        problems.append(
+            f"option.{key}={raw!r} conflicts with option.{alias}={engine_raw[key][1]!r}: "
+            "they name the same setting; keep one"
+        )
+        return
+    engine_raw[key] = (key, raw)
+
+
+def _sort_keys(properties: dict[str, str], problems: list[str]) -> _SortedKeys:
+    """Each key to its section, vLLM's engine or its front end; an unknown key is a problem naming the
+    nearest known one."""
+    keys = _SortedKeys()
     mine = own_keys()
-    section_values: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
-    engine_raw: dict[str, tuple[str, str]] = {}  # vllm name -> (option key as written, raw value)
-
+    table, frontend_table = vllm_engine_arg_table(), vllm_frontend_arg_table()
     for full_key, raw in properties.items():
         if not full_key.startswith("option."):
             problems.append(f"{full_key}={raw!r}: unknown key; settings are option.<name>{suggest(full_key.lower())}")
             continue
         key = full_key[len("option.") :].lower()
         if key in mine:
-            section_values[mine[key][0]][key] = raw
+            keys.sections[mine[key][0]][key] = raw
         elif key in LMI_ALIASES:
-            target = LMI_ALIASES[key]
-            if target in engine_raw and engine_raw[target][1].strip() != raw.strip():
-                problems.append(
-                    f"option.{key}={raw!r} conflicts with option.{target}={engine_raw[target][1]!r}: "
-                    "they name the same setting; keep one"
-                )
-            engine_raw[target] = (key, raw)
+            _engine_key(keys, key, raw, problems)
         elif key in RESERVED_ENGINE_ARGS:
             problems.append(
                 f"option.{key}: set by the server itself; use option.model_id / option.lmcache_* instead"
             )
         elif key in table:
-            alias = next((a for a, t in LMI_ALIASES.items() if t == key), None)
-            if key in engine_raw and engine_raw[key][1].strip() != raw.strip():
-                problems.append(
-                    f"option.{key}={raw!r} conflicts with option.{alias}={engine_raw[key][1]!r}: "
-                    "they name the same setting; keep one"
-                )
-                continue
-            engine_raw[key] = (key, raw)
+            _engine_key(keys, key, raw, problems)
         elif key in frontend_table:
-            frontend_raw[key] = raw
+            keys.frontend[key] = raw
         elif key in vllm_frontend_excluded():
             problems.append(f"option.{key}: not a key of this container; {vllm_frontend_excluded()[key]}")
         else:
             hint = suggest(key)  # a mistyped secret key (api_kye) is masked like the real one
             problems.append(f"option.{key}={mask_value(key + hint, raw)!r}: unknown key{hint}")
+    return keys
 
+
+def _validate_sections(section_values: dict[str, dict[str, str]], problems: list[str]) -> dict[str, BaseModel]:
     sections: dict[str, BaseModel] = {}
     for name, model in SECTIONS.items():
         try:
             sections[name] = model.model_validate(section_values[name])
         except ValidationError as exc:
             for err in exc.errors():
-                field = ".".join(str(p) for p in err["loc"])
+                field_name = ".".join(str(p) for p in err["loc"])
                 value = section_values[name].get(str(err["loc"][0]), err.get("input"))
-                value = mask_value(field, value)
-                problems.append(f"option.{field}={value!r}: {err['msg']}")
+                value = mask_value(field_name, value)
+                problems.append(f"option.{field_name}={value!r}: {err['msg']}")
             sections[name] = model()
+    return sections
 
+
+def _coerce_engine_args(
+    engine_raw: dict[str, tuple[str, str]], environment: EnvironmentReading, sources: dict[str, str] | None,
+    problems: list[str],
+) -> tuple[dict[str, Any], str | None]:
+    """The engine arguments typed as vLLM wants them, and a tensor-parallel degree that is a bound
+    ("max" or SageMaker's GPU count), resolved later with the model."""
+    table = vllm_engine_arg_table()
     engine_args: dict[str, Any] = {}
-    tp_requested: str | None = None  # "max" or SageMaker's GPU count: a bound, resolved with the model
+    tp_requested: str | None = None
     for target, (written, raw) in engine_raw.items():
         try:
             if written == "tensor_parallel_degree" and raw.strip().lower() == "max":
@@ -349,8 +309,12 @@ def build_serving_config(
             if written == "tensor_parallel_degree" and _from_instance_gpu_count(raw, environment, sources):
                 tp_requested = f"instance:{engine_args.pop(target)}"
         except ValueError as exc:
-            problems.append(f"option.{written}={raw!r}: {exc} (example: {_example(written, table[target])})")
+            problems.append(f"option.{written}={raw!r}: {exc} (example: {example_value(written, table[target])})")
+    return engine_args, tp_requested
 
+
+def _coerce_frontend_args(frontend_raw: dict[str, str], problems: list[str]) -> dict[str, Any]:
+    frontend_table = vllm_frontend_arg_table()
     frontend_args: dict[str, Any] = {}
     for key, raw in frontend_raw.items():
         desc = frontend_table[key]
@@ -359,15 +323,13 @@ def build_serving_config(
         try:
             frontend_args[key] = coerce_engine_value(key, raw, desc)
         except ValueError as exc:
-            problems.append(f"option.{key}={raw!r}: {exc} (example: {_example(key, frontend_table[key])})")
+            problems.append(f"option.{key}={raw!r}: {exc} (example: {example_value(key, frontend_table[key])})")
+    return frontend_args
 
-    server = sections["server"]
-    assert isinstance(server, ServerOptions)
-    model = _resolve_model(model_dir, server, problems)
-    if problems:
-        raise ConfigError(problems)
 
-    engine_args.update(lmi.engine_args)
+def _model_engine_args(engine_args: dict[str, Any], model: ResolvedModel, tp_requested: str | None) -> tuple[dict[str, str], ModelKind]:
+    """Tensor parallelism, LMI's defaults and the model's kind, which depend on the resolved model
+    (a built-in model's from its catalogue entry); returns (defaults applied, kind)."""
     builtin = catalogue.by_source(model.source)
     tp = plan_tensor_parallel(
         engine_args,
@@ -386,14 +348,44 @@ def build_serving_config(
     kind = decide_kind(engine_args, model.path_or_id if reads_files else None, builtin=builtin and builtin.kind)
     engine_args["model"] = model.path_or_id
     engine_args["served_model_name"] = model.served_names
+    return defaults, kind
+
+
+def build_serving_config(
+    properties: dict[str, str],
+    model_dir: Path = DEFAULT_MODEL_DIR,
+    *,
+    sources: dict[str, str] | None = None,
+    overridden_by_file: list[str] | None = None,
+    environ: dict[str, str] | None = None,
+    environment: EnvironmentReading | None = None,
+) -> ServingConfig:
+    """Validate merged properties; raise ConfigError listing every problem at once.
+
+    LMI's own keys are first turned into this server's (`lmi_compat`); `environment` carries what
+    the environment said beside its properties (not-applicable variables, problems)."""
+    environment = environment or EnvironmentReading()
+    lmi = translate_properties(properties, environ)
+    problems: list[str] = [*environment.problems, *lmi.problems]
+    keys = _sort_keys(lmi.props, problems)
+    sections = _validate_sections(keys.sections, problems)
+    engine_args, tp_requested = _coerce_engine_args(keys.engine, environment, sources, problems)
+    frontend_args = _coerce_frontend_args(keys.frontend, problems)
+    server = sections["server"]
+    assert isinstance(server, ServerOptions)
+    model = _resolve_model(model_dir, server, problems)
+    if problems:
+        raise ConfigError(problems)
+    engine_args.update(lmi.engine_args)
+    defaults, kind = _model_engine_args(engine_args, model, tp_requested)
     return ServingConfig(
         model_dir=model_dir,
         model=model,
         kind=kind,
         engine_args=engine_args,
         frontend_args=frontend_args,
-        not_applicable=not_applicable,
-        translated=translated,
+        not_applicable={**environment.not_applicable, **lmi.not_applicable},
+        translated={**environment.translated, **lmi.translated},
         defaults=defaults,
         overridden_by_file=list(overridden_by_file or []),
         sources=dict(sources or {}),

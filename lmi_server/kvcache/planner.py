@@ -158,6 +158,103 @@ def working_set_tokens(engine: EngineFacts, options: LMCacheOptions) -> tuple[in
     return n, f"working set {_tokens(n)} = max_num_seqs {engine.max_num_seqs} x max_model_len {engine.max_model_len:,}"
 
 
+def _cpu_tier(
+    options: LMCacheOptions, host: HostFacts, cap: Any, mode: str, need: int, reasons: list[str], warnings: list[str],
+) -> int:
+    """The CPU tier's bytes: the option, else as much of the need as the reserve-keeping budget allows."""
+    platform = host.platform
+    tp = host.tensor_parallel
+    ram = host.available_ram_bytes
+    if platform == "cpu":
+        ram -= cap.budget_bytes
+        reasons.append(f"CPU host: the engine's own KV cache ({_gib(cap.budget_bytes)}) also lives in RAM and is taken off first")
+    cpu_budget = lmi_tier_budget(ram, host.model_weight_bytes, tp, "CPU tier")
+    reasons.append(cpu_budget.reason)
+    # The MP server is one process for all ranks; in-process LMCache runs one cache per rank.
+    budget = cpu_budget.total_bytes if mode == "mp" else cpu_budget.per_rank_bytes
+    if options.lmcache_cpu_size_gb is not None:
+        l1 = int(options.lmcache_cpu_size_gb * GIB)
+        reasons.append(f"CPU tier {_gib(l1)} from option.lmcache_cpu_size_gb")
+        if l1 > budget:
+            warnings.append(f"option.lmcache_cpu_size_gb ({_gib(l1)}) exceeds the reserve-keeping budget ({_gib(budget)})")
+    else:
+        l1 = _quantize_gib(min(budget, need))
+        scope = "for the one MP server (all TP ranks)" if mode == "mp" else "per TP rank"
+        reasons.append(f"CPU tier {_gib(l1)} {scope} = min(budget {_gib(budget)}, need {_gib(need)})")
+    return l1
+
+
+def _disk_tier(
+    options: LMCacheOptions, host: HostFacts, mode: str, need: int, *, check_disk: bool,
+    reasons: list[str], warnings: list[str],
+) -> DiskTier | None:
+    """The disk tier, when the CPU tier cannot hold the working set (or its size is given)."""
+    tp = host.tensor_parallel
+    disk: DiskTier | None = None
+    if options.lmcache_cache_dir is None:
+        reasons.append("no disk tier: the working set exceeds the CPU tier, but option.lmcache_cache_dir is not set")
+    elif host.disk is None:
+        reasons.append(f"no disk tier: no facts about {options.lmcache_cache_dir}")
+    else:
+        disk_budget = lmi_tier_budget(host.disk.free_bytes, host.model_weight_bytes, tp, "disk tier")
+        reasons.append(disk_budget.reason)
+        dbudget = disk_budget.total_bytes if mode == "mp" else disk_budget.per_rank_bytes
+        if options.lmcache_disk_size_gb is not None:
+            dsize = int(options.lmcache_disk_size_gb * GIB)
+            reasons.append(f"disk tier {_gib(dsize)} from option.lmcache_disk_size_gb")
+        else:
+            dsize = _quantize_gib(min(dbudget, need))
+            reasons.append(f"disk tier {_gib(dsize)} = min(budget {_gib(dbudget)}, need {_gib(need)})")
+        if dsize > 0:
+            odirect = options.lmcache_odirect
+            if check_disk:
+                try:
+                    check = check_cache_dir(options.lmcache_cache_dir, want_odirect=odirect, wanted_bytes=dsize)
+                except CacheDirError as e:
+                    raise KVCacheConfigError(f"option.lmcache_cache_dir: {e}") from None
+                warnings.extend(check.warnings)
+                odirect = check.odirect
+            disk = DiskTier(path=options.lmcache_cache_dir, size_bytes=dsize, odirect=odirect)
+            reasons.append(
+                f"disk tier at {options.lmcache_cache_dir}, block size {host.disk.block_size} B, "
+                f"O_DIRECT {'on' if odirect else 'off'}"
+            )
+        else:
+            reasons.append("no disk tier: no free disk left after the reserve")
+    return disk
+
+
+def _offload_plan(
+    mode: str, platform: Platform, l1: int, disk: DiskTier | None, host: HostFacts, *, port: int, metrics_port: int,
+    python: str | None, max_transfer: int, env: dict[str, str], reasons: list[str], warnings: list[str],
+) -> KVCachePlan:
+    """The plan with its tiers: the MP server's argv and connector, or in-process LMCache's env."""
+    transfer_mode = transfer_mode_for(platform)
+    shm = mode == "mp" and choose_shm(None, transfer_mode, l1, host.shm_free_bytes, reasons, warnings)
+    tiers = CacheTiers(
+        chunk_size=DEFAULT_CHUNK_SIZE,
+        l1_bytes=l1,
+        eviction_policy="LRU",
+        disk=disk,
+        remote=None,
+        host="localhost",
+        port=port,
+        metrics_port=metrics_port,
+        transfer_mode=transfer_mode,
+        shm=shm,
+    )
+    reasons.append(f"transfer mode {tiers.transfer_mode} ({platform} host), chunk size {DEFAULT_CHUNK_SIZE} tokens")
+    if mode == "inprocess":
+        env.update(inprocess_env(tiers))
+        return KVCachePlan(
+            mode="inprocess", kv_transfer_config=inprocess_kv_transfer_config(), server_argv=None,
+            env=env, reasons=reasons, source="auto", tiers=tiers, warnings=warnings,
+        )
+    return KVCachePlan(
+        mode="mp", kv_transfer_config=mp_kv_transfer_config(tiers, max_transfer, reasons), server_argv=mp_server_argv(tiers, python),
+        env=env, reasons=reasons, source="auto", tiers=tiers, warnings=warnings,
+    )
+
 def plan_auto(
     model_config: Mapping[str, Any],
     engine: EngineFacts,
@@ -202,25 +299,8 @@ def plan_auto(
     wanted = ws_tokens * fp.bytes_per_token
     reasons.append(f"cache needs {_gib(wanted)} to hold the whole working set ({fp.bytes_per_token:,} B per token, all layers)")
 
-    # CPU tier
-    ram = host.available_ram_bytes
-    if platform == "cpu":
-        ram -= cap.budget_bytes
-        reasons.append(f"CPU host: the engine's own KV cache ({_gib(cap.budget_bytes)}) also lives in RAM and is taken off first")
-    cpu_budget = lmi_tier_budget(ram, host.model_weight_bytes, tp, "CPU tier")
-    reasons.append(cpu_budget.reason)
-    # The MP server is one process for all ranks; in-process LMCache runs one cache per rank.
-    budget = cpu_budget.total_bytes if mode == "mp" else cpu_budget.per_rank_bytes
-    need = wanted if mode == "mp" else math.ceil(wanted / tp)
-    if options.lmcache_cpu_size_gb is not None:
-        l1 = int(options.lmcache_cpu_size_gb * GIB)
-        reasons.append(f"CPU tier {_gib(l1)} from option.lmcache_cpu_size_gb")
-        if l1 > budget:
-            warnings.append(f"option.lmcache_cpu_size_gb ({_gib(l1)}) exceeds the reserve-keeping budget ({_gib(budget)})")
-    else:
-        l1 = _quantize_gib(min(budget, need))
-        scope = "for the one MP server (all TP ranks)" if mode == "mp" else "per TP rank"
-        reasons.append(f"CPU tier {_gib(l1)} {scope} = min(budget {_gib(budget)}, need {_gib(need)})")
+    need = wanted if mode == "mp" else math.ceil(wanted / tp)  # the MP server caches for all ranks at once
+    l1 = _cpu_tier(options, host, cap, mode, need, reasons, warnings)
     if l1 <= 0:
         reasons.append("no offloading: no RAM is left for a CPU tier after the reserve")
         return KVCachePlan(mode=None, kv_transfer_config=None, server_argv=None, env=env, reasons=reasons, source="auto", warnings=warnings)
@@ -228,64 +308,13 @@ def plan_auto(
     reasons.append(f"CPU tier holds about {_tokens(l1_tokens)}")
 
     # Disk tier: only when the CPU tier cannot hold the working set.
-    disk: DiskTier | None = None
+    disk = None
     if options.lmcache_disk_size_gb is not None or l1_tokens < ws_tokens:
-        if options.lmcache_cache_dir is None:
-            reasons.append("no disk tier: the working set exceeds the CPU tier, but option.lmcache_cache_dir is not set")
-        elif host.disk is None:
-            reasons.append(f"no disk tier: no facts about {options.lmcache_cache_dir}")
-        else:
-            disk_budget = lmi_tier_budget(host.disk.free_bytes, host.model_weight_bytes, tp, "disk tier")
-            reasons.append(disk_budget.reason)
-            dbudget = disk_budget.total_bytes if mode == "mp" else disk_budget.per_rank_bytes
-            if options.lmcache_disk_size_gb is not None:
-                dsize = int(options.lmcache_disk_size_gb * GIB)
-                reasons.append(f"disk tier {_gib(dsize)} from option.lmcache_disk_size_gb")
-            else:
-                dsize = _quantize_gib(min(dbudget, need))
-                reasons.append(f"disk tier {_gib(dsize)} = min(budget {_gib(dbudget)}, need {_gib(need)})")
-            if dsize > 0:
-                odirect = options.lmcache_odirect
-                if check_disk:
-                    try:
-                        check = check_cache_dir(options.lmcache_cache_dir, want_odirect=odirect, wanted_bytes=dsize)
-                    except CacheDirError as e:
-                        raise KVCacheConfigError(f"option.lmcache_cache_dir: {e}") from None
-                    warnings.extend(check.warnings)
-                    odirect = check.odirect
-                disk = DiskTier(path=options.lmcache_cache_dir, size_bytes=dsize, odirect=odirect)
-                reasons.append(
-                    f"disk tier at {options.lmcache_cache_dir}, block size {host.disk.block_size} B, "
-                    f"O_DIRECT {'on' if odirect else 'off'}"
-                )
-            else:
-                reasons.append("no disk tier: no free disk left after the reserve")
+        disk = _disk_tier(options, host, mode, need, check_disk=check_disk, reasons=reasons, warnings=warnings)
 
-    transfer_mode = transfer_mode_for(platform)
-    shm = mode == "mp" and choose_shm(None, transfer_mode, l1, host.shm_free_bytes, reasons, warnings)
-    tiers = CacheTiers(
-        chunk_size=DEFAULT_CHUNK_SIZE,
-        l1_bytes=l1,
-        eviction_policy="LRU",
-        disk=disk,
-        remote=None,
-        host="localhost",
-        port=port,
-        metrics_port=metrics_port,
-        transfer_mode=transfer_mode,
-        shm=shm,
-    )
-    reasons.append(f"transfer mode {tiers.transfer_mode} ({platform} host), chunk size {DEFAULT_CHUNK_SIZE} tokens")
-    if mode == "inprocess":
-        env.update(inprocess_env(tiers))
-        return KVCachePlan(
-            mode="inprocess", kv_transfer_config=inprocess_kv_transfer_config(), server_argv=None,
-            env=env, reasons=reasons, source="auto", tiers=tiers, warnings=warnings,
-        )
-    max_transfer = engine.max_model_len * fp.bytes_per_token
-    return KVCachePlan(
-        mode="mp", kv_transfer_config=mp_kv_transfer_config(tiers, max_transfer, reasons), server_argv=mp_server_argv(tiers, python),
-        env=env, reasons=reasons, source="auto", tiers=tiers, warnings=warnings,
+    return _offload_plan(
+        mode, platform, l1, disk, host, port=port, metrics_port=metrics_port, python=python,
+        max_transfer=engine.max_model_len * fp.bytes_per_token, env=env, reasons=reasons, warnings=warnings,
     )
 
 

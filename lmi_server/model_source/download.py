@@ -14,7 +14,7 @@ import zipfile
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 
-from lmi_server.model_source import s3
+import lmi_server.model_source.s3 as s3
 from lmi_server.model_source.verify import (
     S3Object,
     check_archive,

@@ -110,3 +110,53 @@ def test_no_module_import_cycle():
 def test_the_checker_sees_imports_inside_functions():
     probe = PACKAGE / "kvcache" / "mp_server.py"
     assert "lmi_server.kvcache.plan" in imports_of(probe)  # imported inside supervisor_for_plan
+
+
+# Rules of the house (shared/DESIGN.md), each checked over every module of lmi_server/ (no exclusions).
+PURE = ("lmi_server.config", "lmi_server.kvcache")
+PURE_MAY_NOT = ("lmi_server.api", "lmi_server.demo", "lmi_server.model_source")
+HTTP_FRAMEWORKS = ("fastapi", "starlette")
+HTTP_HOMES = ("lmi_server.api", "lmi_server.cli")
+
+
+def _violations(owners: tuple[str, ...], forbidden: tuple[str, ...], *, inside: bool = True) -> list[str]:
+    """`mod imports imp` for each module within `owners` (or, with inside=False, outside them) that
+    imports something within `forbidden`."""
+    return [
+        f"{mod} imports {imp}"
+        for mod, imps in modules().items()
+        if _within(mod, owners) == inside
+        for imp in sorted(imps)
+        if _within(imp, forbidden)
+    ]
+
+
+def test_config_and_kvcache_stay_pure():
+    """config/ and kvcache/ import neither the HTTP layer, nor the demo builders, nor the downloader:
+    config reads built-in models from the catalogue and s3:// URLs through `source_ref`."""
+    bad = _violations(PURE, PURE_MAY_NOT)
+    assert not bad, "config/ and kvcache/ must stay pure:\n" + "\n".join(bad)
+
+
+def test_only_the_api_and_the_cli_import_fastapi_or_starlette():
+    bad = _violations(HTTP_HOMES, HTTP_FRAMEWORKS, inside=False)
+    assert not bad, "HTTP wiring lives in api/ (and cli.py):\n" + "\n".join(bad)
+
+
+def test_adapters_never_import_the_api():
+    bad = _violations(("lmi_server.adapters",), ("lmi_server.api",))
+    assert not bad, "adapters/ runs below the HTTP layer:\n" + "\n".join(bad)
+
+
+def test_the_runtime_never_imports_the_api():
+    """The runtime resolves what the engine runs; what it shares with the HTTP checks (media limits)
+    lives below api/ (`media_policy`)."""
+    bad = _violations(("lmi_server.runtime",), ("lmi_server.api",))
+    assert not bad, "runtime runs below the HTTP layer:\n" + "\n".join(bad)
+
+
+def test_the_rules_catch_what_they_forbid():
+    """The checker finds a forbidden import where one is: `api/` imports fastapi, so it would fail
+    the framework rule if it were not the framework's home."""
+    assert _violations(("lmi_server.api",), HTTP_FRAMEWORKS)
+    assert "lmi_server.demo.assistant" in imports_of(PACKAGE / "catalogue" / "assistant.py")
