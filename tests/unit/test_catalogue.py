@@ -65,3 +65,24 @@ def test_the_shouter_formatters_exist_once_and_both_shouters_use_them():
         f = load_formatters("shouter", folder)
         assert f.format_payload({"inputs": "x"}) == {"inputs": "x", "parameters": {"max_new_tokens": 16}}
         assert '"HI"' in f.format_response(chunk)
+
+
+def test_the_demo_modules_build_what_the_catalogue_names():
+    """The builders name their files after the model (they cannot import the catalogue, which
+    imports them): the names must agree."""
+    from lmi_server.demo import assistant, embedding, vision
+
+    assert assistant.SERVED_NAME == catalogue.ASSISTANT.name
+    assert embedding.SERVED_NAME == catalogue.EMBEDDING.name
+    assert vision.SERVED_NAME == catalogue.VISION.name
+
+
+def test_the_runtime_takes_the_start_up_note_and_cpu_defaults_from_the_entry(tmp_path, monkeypatch):
+    from lmi_server import runtime
+
+    monkeypatch.setattr(runtime.host, "gpu_count", lambda: 0)
+    for entry in (catalogue.EMBEDDING, catalogue.VISION):
+        cfg = build_serving_config({"option.model_id": entry.name}, tmp_path)
+        resolved = runtime.resolve_runtime(cfg, build_demo=False)
+        assert entry.note in resolved.notes
+        assert resolved.engine_args["dtype"] == entry.cpu_dtype and resolved.engine_args["enforce_eager"] is True
