@@ -85,14 +85,6 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n  - " + "\n  - ".join(problems))
 
 
-
-
-
-
-
-
-
-
 # Engine arguments this server owns: setting them in properties would break the wiring.
 RESERVED_ENGINE_ARGS = {"kv_transfer_config", "model"}
 
@@ -116,10 +108,6 @@ def all_known_keys() -> list[str]:
 def suggest(key: str) -> str:
     match = difflib.get_close_matches(key, all_known_keys(), n=1, cutoff=0.6)
     return f" (did you mean option.{match[0]}?)" if match else ""
-
-
-
-
 
 
 class ResolvedModel(BaseModel):

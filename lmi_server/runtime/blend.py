@@ -29,7 +29,6 @@ def blend_settings(cfg: ServingConfig):
         raise ConfigError([str(exc)]) from exc
 
 
-
 def plan_blend(
     cfg: ServingConfig, engine_args: dict[str, Any], model_config: dict[str, Any] | None, kv_plan: KVCachePlan
 ) -> dict[str, Any] | None:
@@ -95,7 +94,6 @@ def plan_blend(
             "vLLM's prefix caching off, LMCache serves prefixes",
         ],
     }
-
 
 
 def blend_store_dir() -> str:

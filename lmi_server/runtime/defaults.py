@@ -36,12 +36,10 @@ def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: lis
         notes.append(f"built-in model on a CPU host: dtype={entry.cpu_dtype} ({why}; set option.dtype to choose)")
 
 
-
 CHUNKED_PREFILL_NOTE = (
     "a request with a seed that samples, whose prompt the engine prefills in parts, kills vLLM 0.32's CPU "
     "engine (README, known limits)"
 )
-
 
 
 def cpu_scheduler_defaults(engine_args: dict[str, Any], model_config: dict[str, Any] | None, notes: list[str]) -> None:
@@ -68,7 +66,6 @@ def cpu_scheduler_defaults(engine_args: dict[str, Any], model_config: dict[str, 
     )
 
 
-
 def vision_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[str]) -> None:
     """vLLM's per-prompt media limits for a model that reads images, where the user set none.
 
@@ -91,16 +88,13 @@ def vision_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: list
         notes.append("model reads images, torchvision is not usable here: no videos (limit_mm_per_prompt video=0)")
 
 
-
 # What makes an OpenAI client's tools work on the built-in models with no option: vLLM's pythonic
 # parser forces a named or required call's JSON with structured output, and compact JSON keeps a
 # small model from padding it with whitespace until max_tokens.
 BUILTIN_TOOL_FRONTEND = {"enable_auto_tool_choice": True, "tool_call_parser": "pythonic"}
 
 
-
 BUILTIN_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
-
 
 
 def builtin_tool_defaults(cfg: ServingConfig, engine_args: dict[str, Any], frontend_args: dict[str, Any], notes: list[str]) -> None:

@@ -18,7 +18,6 @@ from lmi_server.runtime.model_files import model_config as read_model_config
 DEFAULT_CPU_MAX_NUM_SEQS = 128
 
 
-
 def user_sized_engine_memory(cfg: ServingConfig, engine_args: dict[str, Any]) -> str | None:
     """Which setting already sizes the engine's memory, if any."""
     if cfg.server.cpu_kv_cache_space is not None:
@@ -31,9 +30,7 @@ def user_sized_engine_memory(cfg: ServingConfig, engine_args: dict[str, Any]) ->
     return None
 
 
-
 FLOAT_BYTES = {name: n for name, n in DTYPE_BYTES.items() if n >= 2}  # types weights are cast between
-
 
 
 def loaded_weight_bytes(file_bytes: int | None, model_config: dict[str, Any] | None, dtype: str | None) -> int | None:
@@ -43,7 +40,6 @@ def loaded_weight_bytes(file_bytes: int | None, model_config: dict[str, Any] | N
     if file_bytes is None or not isinstance(stored, str) or stored not in FLOAT_BYTES or dtype not in FLOAT_BYTES:
         return file_bytes
     return file_bytes * FLOAT_BYTES[dtype] // FLOAT_BYTES[stored]
-
 
 
 def default_engine_memory(

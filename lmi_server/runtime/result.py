@@ -13,7 +13,6 @@ from lmi_server.cpu_preload import MERGED_ENV
 from lmi_server.kvcache.plan import KVCachePlan
 
 
-
 @dataclass
 class Runtime:
     cfg: ServingConfig
