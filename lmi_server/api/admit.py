@@ -38,11 +38,13 @@ def _rate_limited(tenant: str, decision: Any) -> Rejected:
     )
 
 
-def tenant_of(request: Request) -> str:
-    """The request's tenant: the API key that authenticated it, else its adapter, else the header."""
+def identify_tenant(request: Request) -> str:
+    """The request's tenant (kept in its context): the API key that authenticated it, else its
+    adapter (resolved first), else the operator's header, else the shared default."""
     ctx = request_context(request)
     key_name = getattr(ctx.key_entry, "name", None)
-    return app_context(request).tenants.identify(key_name, request.headers, getattr(ctx.adapter, "name", None))
+    ctx.tenant = app_context(request).tenants.identify(key_name, request.headers, getattr(ctx.adapter, "name", None))
+    return ctx.tenant
 
 
 async def admit(request: Request, state: Any, parsed: Any = None) -> None:
@@ -54,7 +56,7 @@ async def admit(request: Request, state: Any, parsed: Any = None) -> None:
     admission, tenants = app.admission, app.tenants
     if admission.slots is None:
         admission.set_slots(engine_max_num_seqs(state) or 1)
-    tenant = tenant_of(request)
+    tenant = ctx.tenant or identify_tenant(request)
     try:
         priority = parse_priority(request.headers, parsed)
     except BadPriority as exc:

@@ -7,9 +7,10 @@ vLLM's response object, or each raw stream chunk; what it returns is sent as is,
 returned the same kind of thing it got (an edited response object or `data:` chunk): then the
 response is still shaped for the request's schema by the route's `shape_json` / `shape_stream`.
 
-Which script applies: the adapter named by the request (header `X-Amzn-SageMaker-Adapter-Identifier`,
-else the body's `adapters`, else an OpenAI `model` naming an adapter), per direction, when its
-model.py has a formatter for that direction; else the model directory's model.py. A formatter
+Which script applies: the adapter the request resolved to (api/adapters/routing.py: header
+`X-Amzn-SageMaker-Adapter-Identifier`, else the body's `adapters`, else a `model` naming an
+adapter), per direction, when its model.py has a formatter for that direction; else the model
+directory's model.py. A formatter
 that fails is LMI's 424 (before the response starts; later, an error event ends the stream and
 the generation is aborted). Errors take the request's shape (api/errors.py).
 """
@@ -27,7 +28,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from lmi_server.adapters.formatters import FormatterError, Formatters
 from lmi_server.api.context import RequestContext, Shape, app_context, request_context
 from lmi_server.api.errors import APIError, stream_error_event
-from lmi_server.api.standards import ADAPTER_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -45,32 +45,6 @@ async def close_streams(ctx: RequestContext) -> None:
             log.debug("closing a response stream failed", exc_info=True)
 
 
-def _adapter_named(request: Request, body: Any) -> str | None:
-    name = request.headers.get(ADAPTER_HEADER)
-    if name:
-        return name
-    if not isinstance(body, dict):
-        return None
-    adapters = body.get("adapters")
-    if isinstance(adapters, str) and adapters:
-        return adapters
-    if isinstance(adapters, list) and len(set(map(str, adapters))) == 1:
-        return str(adapters[0])
-    model = body.get("model")
-    return model if isinstance(model, str) and model else None
-
-
-def _adapter_formatters(request: Request, name: str | None) -> Formatters | None:
-    if name is None:
-        return None
-    manager = app_context(request).adapters
-    try:
-        registry = manager.registry() if manager is not None else None
-        return registry.get(name).formatters if registry is not None else None
-    except Exception:  # noqa: BLE001 - not an adapter (a base model name) or not ready: the resolver says so later
-        return None
-
-
 def _tokenizer(request: Request) -> Any:
     engine = getattr(app_context(request).owner.state, "engine", None)
     try:
@@ -79,14 +53,20 @@ def _tokenizer(request: Request) -> Any:
         return None
 
 
+def _adapter_formatters(ctx: RequestContext) -> Formatters | None:
+    lease = getattr(ctx.adapter, "lease", None)
+    return getattr(getattr(lease, "entry", None), "formatters", None)
+
+
 def apply_payload_formatter(request: Request, body: Any) -> Any:
     """The body as the payload formatter returns it; records which response formatter applies."""
+    ctx = request_context(request)
     model_level: Formatters = app_context(request).model_formatters or NO_FORMATTERS
-    adapter = _adapter_formatters(request, _adapter_named(request, body))
+    adapter = _adapter_formatters(ctx)
     source_in = adapter if adapter is not None and adapter.has_input else model_level
     source_out = adapter if adapter is not None and adapter.has_output else model_level
     if source_out.response_output is not None:
-        request_context(request).formatters = source_out
+        ctx.formatters = source_out
     if source_in.payload_input is None:
         return body
     try:

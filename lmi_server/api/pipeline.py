@@ -17,13 +17,15 @@ A front door (`api/openai/`, `api/sagemaker/`, and any new one) is one module th
 
 - read: the body (size limit 413, JSON syntax and depth 400), unless handed in;
 - check: the engine is ready (503 with Retry-After);
-- format in: the payload formatter of the adapter the body names (else of the model directory)
-  rewrites the body; the output formatter that applies is recorded;
-- parse: the front door's `parse` (its 400/422/424s); then the body checks: content parts the
-  model cannot read, foreign message formats, images against the media policy, LMI's
-  `"model": "lmi"` alias, combinations the engine cannot serve (400);
-- resolve adapter and tenant: the adapter named (header, body, `model`) leased (404 when unknown),
-  the KV cache salt isolated per adapter (LoRA on), the tenant identified (API key, adapter, header);
+- resolve adapter and tenant: the adapter the request names (header, body `adapters`, `model`)
+  leased, loading it on first use (404 naming what is served when there is none such; LoRA on or
+  off, never the base model's answer instead); the tenant (API key, adapter, operator's header);
+- format in: the payload formatter of that adapter (else of the model directory) rewrites the body;
+  the output formatter that applies is recorded; then the front door's `parse` (its 400/422/424s)
+  and the parsed request's checks: content parts the model cannot read, foreign message formats,
+  images against the media policy, the adapter's name (or LMI's `"model": "lmi"` alias for the
+  base model) in `model`, combinations the engine cannot serve (400), the KV cache salt isolated
+  per adapter (LoRA on);
 - admit: an engine slot in the admission policy's order (`lmi_server.admission`), or 429/503;
 - call vLLM: the serving method, cancelled if the client disconnects (vLLM's `with_cancellation`);
   vLLM's errors become typed errors;
@@ -46,8 +48,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from lmi_server.api.adapters.routing import apply_cache_salt, resolve_adapter
-from lmi_server.api.admit import admit
+from lmi_server.api.adapters.routing import LMI_MODEL_NAME, apply_cache_salt, name_the_model, resolve_adapter
+from lmi_server.api.admit import admit, identify_tenant
 from lmi_server.api.body import read_json_body
 from lmi_server.api.context import Shape, app_context, begin, request_context
 from lmi_server.api.engine_calls import call_serving, engine_state, served_name, sse_to_jsonl, yielding
@@ -57,7 +59,6 @@ from lmi_server.api.media import check_messages
 from lmi_server.engine_limits import UnsupportedCombination
 
 UNREAD = object()
-LMI_MODEL_NAME = "lmi"  # LMI's served name when none is set: LMI clients send it
 TEXT_PART_TYPES = {"text", "input_text", "output_text", "refusal", "thinking"}
 
 
@@ -116,13 +117,14 @@ def lmi_model_alias(parsed: Any, state: Any) -> None:
 
 
 async def check_request(request: Request, parsed: Any, state: Any, *, generates: bool = True) -> None:
-    """The body checks every generating request passes before it takes a slot (see `serve`);
-    `generates=False` (rendering only tokenizes): the engine's generation limits do not apply."""
+    """The parsed request's checks before it takes a slot (see `serve`); `generates=False`
+    (rendering only tokenizes): the engine's generation limits do not apply."""
     reject_foreign_messages(parsed, state)
     if getattr(getattr(state.engine, "model_config", None), "is_multimodal_model", False):
         policy = app_context(request).media_policy
         await asyncio.to_thread(check_messages, getattr(parsed, "messages", None) or [], policy)
     lmi_model_alias(parsed, state)
+    name_the_model(request, parsed)
     limits = app_context(request).engine_limits
     if generates and limits is not None:
         try:
@@ -131,11 +133,15 @@ async def check_request(request: Request, parsed: Any, state: Any, *, generates:
             raise from_engine_limit(exc) from None
 
 
-async def read_checked(request: Request, body: Any = UNREAD) -> tuple[Any, Any]:
-    """read -> check (engine ready) -> format in: (formatted body, engine state)."""
+async def read_checked(request: Request, body: Any = UNREAD, *, generates: bool = True) -> tuple[Any, Any]:
+    """read -> check (engine ready) -> resolve adapter and tenant -> format in: (formatted body,
+    engine state). `generates=False` (the render routes only tokenize): no adapter is leased."""
     if body is UNREAD:
         body = await read_json_body(request, app_context(request).config.server.max_request_bytes)
     state = engine_state(request)  # 503 first: nothing runs before the engine is ready
+    if generates:
+        await resolve_adapter(request, body)
+        identify_tenant(request)
     return apply_payload_formatter(request, body), state
 
 
@@ -147,15 +153,14 @@ async def serve(
     headers: dict[str, str] | None = None,
     body: Any = UNREAD,
 ) -> Response:
-    """read -> check -> format in -> parse -> resolve adapter and tenant -> admit -> call vLLM ->
-    format out -> respond (see the module docstring)."""
+    """read -> check -> resolve adapter and tenant -> format in -> admit -> call vLLM -> format
+    out -> respond (see the module docstring)."""
     begin(request, shape)
     body, state = await read_checked(request, body)
     gen = parse(body)
     if inspect.isawaitable(gen):
         gen = await gen
     await check_request(request, gen.request, state)
-    await resolve_adapter(request, gen.request)
     apply_cache_salt(request, gen.request)
     await admit(request, state, gen.request)
     result = await call_serving(gen.method(state.serving)(gen.request, request), request)

@@ -31,7 +31,7 @@ router = APIRouter()
 
 async def _render(request: Request, request_type: Any, route: Any):
     begin(request, Shape.OPENAI)
-    body, state = await read_checked(request)  # 503 until the engine is ready
+    body, state = await read_checked(request, generates=False)  # 503 until the engine is ready
     parsed = parse_request(request_type, body)
     await check_request(request, parsed, state, generates=False)  # as on /v1/chat/completions: a 400, not vLLM's 500
     # vLLM's route functions read the handler from the app's state: the running engine's.
