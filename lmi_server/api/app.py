@@ -16,7 +16,7 @@ from lmi_server.admission import Admission, Tenants
 from lmi_server.api import kinds
 from lmi_server.api import routes as route_table
 from lmi_server.api.adapters import wiring as adapter_wiring
-from lmi_server.api.admit import RequestScopeMiddleware
+from lmi_server.api.request_scope import RequestScopeMiddleware
 from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
 from lmi_server.api.context import AppContext
 from lmi_server.api.errors import install_error_handlers

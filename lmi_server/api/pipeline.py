@@ -33,7 +33,7 @@ A front door (`api/openai/`, `api/sagemaker/`, and any new one) is one module th
   stream (closing the stream closes vLLM's generator, which aborts the generation).
 
 The adapter lease and the admission ticket are released when the response is over, however it
-ends (`api/admit.RequestScopeMiddleware`); every error is rendered once, in the request's shape
+ends (`api/request_scope.RequestScopeMiddleware`); every error is rendered once, in the request's shape
 (`api/errors.py`).
 """
 
@@ -41,20 +41,21 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from lmi_server.api.adapters.routing import LMI_MODEL_NAME, apply_cache_salt, name_the_model, resolve_adapter
-from lmi_server.api.admit import admit, identify_tenant
+from lmi_server.adapters.transforms import isolated_cache_salt
+from lmi_server.api.adapters.routing import LMI_MODEL_NAME, resolve_adapter
+from lmi_server.api.admit import admit
 from lmi_server.api.body import read_json_body
 from lmi_server.api.context import Shape, app_context, begin, request_context
-from lmi_server.api.engine_calls import call_serving, engine_state, served_name, sse_to_jsonl, yielding
-from lmi_server.api.errors import APIError, from_engine_limit
-from lmi_server.api.formatting import apply_payload_formatter, respond
+from lmi_server.api.errors import APIError, engine_unavailable, from_engine_limit, from_vllm_error, from_vllm_exception
+from lmi_server.api.format_in import apply_payload_formatter
+from lmi_server.api.respond import respond, sse_to_jsonl, yielding
 from lmi_server.api.media import check_messages
 from lmi_server.engine_limits import UnsupportedCombination
 
@@ -80,6 +81,55 @@ class Generation:
     """vLLM's SSE events -> the stream sent; None: SSE as is, or jsonlines when `stream="jsonl"`."""
     stream: str = "sse"
     """Wire format of a streamed answer: "sse" or "jsonl"."""
+
+
+def engine_state(request: Request):
+    """The running engine's state; 503 with Retry-After while it loads or is rebuilt."""
+    state = app_context(request).owner.state
+    if not state.healthy:
+        raise engine_unavailable(state.error or "the model is still loading")
+    return state
+
+
+def served_name(state) -> str | None:
+    """The base model's first served name (what LMI calls the model: "lmi" stands for it)."""
+    models = getattr(getattr(state, "serving", None), "openai_serving_models", None)
+    paths = getattr(models, "base_model_paths", None) or []
+    return paths[0].name if paths else None
+
+
+async def until_disconnect(coro: Awaitable[Any], request: Request) -> Any:
+    """Run coro under vLLM's `with_cancellation`: if the client goes away first, coro is cancelled
+    (vLLM aborts the request on cancel) and the request ends with a 400."""
+    from vllm.entrypoints.serve.utils.api_utils import with_cancellation
+
+    async def work(_self: Any, raw_request: Request) -> tuple[Any]:
+        return (await coro,)  # a tuple: with_cancellation's None means "disconnected"
+
+    done = await with_cancellation(work)(None, request)
+    if done is None:
+        raise APIError(400, "client disconnected before the response was ready")
+    return done[0]
+
+
+def is_error(result: Any) -> bool:
+    return type(result).__name__ == "ErrorResponse"
+
+
+async def call_serving(coro: Awaitable[Any], request: Request) -> Any:
+    """Await a vLLM serving call; ErrorResponse -> APIError; generators are returned as they are."""
+    try:
+        result = await until_disconnect(coro, request)
+    except APIError:
+        raise
+    except Exception as exc:
+        mapped = from_vllm_exception(exc)
+        if mapped is None:
+            raise
+        raise mapped from None
+    if is_error(result):
+        raise from_vllm_error(result)
+    return result
 
 
 def reject_foreign_messages(parsed: Any, state: Any) -> None:
@@ -124,13 +174,26 @@ async def check_request(request: Request, parsed: Any, state: Any, *, generates:
         policy = app_context(request).media_policy
         await asyncio.to_thread(check_messages, getattr(parsed, "messages", None) or [], policy)
     lmi_model_alias(parsed, state)
-    name_the_model(request, parsed)
+    use = request_context(request).adapter
+    if use is not None:
+        parsed.model = use.name  # vLLM picks the LoRARequest by this name
     limits = app_context(request).engine_limits
     if generates and limits is not None:
         try:
             limits.check(parsed)
         except UnsupportedCombination as exc:
             raise from_engine_limit(exc) from None
+
+
+def apply_cache_salt(request: Request, engine_request: Any) -> None:
+    """With LoRA on, the salt of the vLLM request about to be sent: KV reuse isolated per adapter
+    and weights (see `isolated_cache_salt`). With it off, the client's own `cache_salt`, if any,
+    is used as sent."""
+    if not app_context(request).lora:
+        return
+    use = request_context(request).adapter
+    identity = use.lease.entry.cache_identity() if use is not None and use.lease is not None else None
+    engine_request.cache_salt = isolated_cache_salt(identity, getattr(engine_request, "cache_salt", None))
 
 
 async def read_checked(request: Request, body: Any = UNREAD, *, generates: bool = True) -> tuple[Any, Any]:
@@ -141,7 +204,6 @@ async def read_checked(request: Request, body: Any = UNREAD, *, generates: bool 
     state = engine_state(request)  # 503 first: nothing runs before the engine is ready
     if generates:
         await resolve_adapter(request, body)
-        identify_tenant(request)
     return apply_payload_formatter(request, body), state
 
 
@@ -162,7 +224,7 @@ async def serve(
         gen = await gen
     await check_request(request, gen.request, state)
     apply_cache_salt(request, gen.request)
-    await admit(request, state, gen.request)
+    await until_disconnect(admit(request, state, gen.request), request)
     result = await call_serving(gen.method(state.serving)(gen.request, request), request)
     shape_stream = gen.shape_stream or (_same if gen.stream == "sse" else sse_to_jsonl)
     ticket = request_context(request).ticket  # hears of the stream's first chunk

@@ -2,12 +2,12 @@
 
 Precedence: header `X-Amzn-SageMaker-Adapter-Identifier`, then the body field `"adapters"` (LMI's;
 on chat and completion bodies too), then the `"model"` field naming an adapter; the base model when
-none is named. The adapter's input formatter then runs on the body (api/formatting.py). Whether LoRA is on
+none is named. The adapter's input formatter then runs on the body (api/format_in.py). Whether LoRA is on
 or off, a request that names an adapter is served by it or refused with a 404 naming what exists,
 never answered by the base model instead. Resolving takes a lease on the adapter (loading it on
-first use), kept in the request's context; `api/admit.RequestScopeMiddleware` releases it when the
+first use), kept in the request's context; `api/request_scope.RequestScopeMiddleware` releases it when the
 response has been sent completely, streaming included. An adapter's formatters run where all
-formatters run (api/formatting.py).
+formatters run (api/format_in.py, api/respond.py).
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from typing import Any
 from fastapi import Request
 
 from lmi_server.adapters.registry import Lease
-from lmi_server.adapters.transforms import isolated_cache_salt
 from lmi_server.api.context import app_context, request_context
 from lmi_server.api.errors import APIError, from_adapter_error
 from lmi_server.api.standards import ADAPTER_HEADER
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ADAPTER_HEADER", "AdapterUse", "adapter_named", "adapters_field", "apply_cache_salt", "name_the_model", "resolve_adapter"]
+__all__ = ["ADAPTER_HEADER", "AdapterUse", "adapter_named", "adapters_field", "resolve_adapter"]
 
 LMI_MODEL_NAME = "lmi"  # LMI's served name when none is set: LMI clients send it for the base model
 
@@ -116,23 +115,3 @@ def adapters_field(body: Any) -> Any:
     if not isinstance(body, dict) or "inputs" in body or "adapters" not in body:
         return body
     return {k: v for k, v in body.items() if k != "adapters"}
-
-
-def name_the_model(request: Request, parsed: Any) -> None:
-    """The vLLM request names the adapter in use (vLLM picks the LoRARequest by this name)."""
-    use: AdapterUse | None = request_context(request).adapter
-    if use is not None:
-        parsed.model = use.name
-
-
-def apply_cache_salt(request: Request, engine_request: Any) -> None:
-    """With LoRA on, set the salt on the vLLM request about to be sent to the engine: KV reuse
-    isolated per adapter and weights (see `isolated_cache_salt`). With it off, the client's own
-    `cache_salt`, if any, is used as sent."""
-    if not app_context(request).lora:
-        return
-    use: AdapterUse | None = request_context(request).adapter
-    identity = None
-    if use is not None and use.lease is not None:
-        identity = use.lease.entry.cache_identity()
-    engine_request.cache_salt = isolated_cache_salt(identity, getattr(engine_request, "cache_salt", None))

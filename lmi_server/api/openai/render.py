@@ -18,9 +18,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lmi_server.api.context import Shape, begin
-from lmi_server.api.engine_calls import call_serving
 from lmi_server.api.openai.routes import chat_request_type, completion_request_type, parse_request
-from lmi_server.api.pipeline import check_request, read_checked
+from lmi_server.api.pipeline import call_serving, check_request, read_checked
 
 CHAT_RENDER = "/v1/chat/completions/render"
 COMPLETION_RENDER = "/v1/completions/render"

@@ -14,9 +14,8 @@ from fastapi.responses import JSONResponse
 from lmi_server.admission import BadPriority, body_priority
 from lmi_server.api.adapters.routing import adapters_field
 from lmi_server.api.context import Shape, begin
-from lmi_server.api.engine_calls import engine_state
 from lmi_server.api.errors import APIError, validated
-from lmi_server.api.pipeline import Generation, serve
+from lmi_server.api.pipeline import Generation, engine_state, serve
 from lmi_server.kvcache.blend.settings import prompt_boundaries, request_boundaries, request_ratio
 
 router = APIRouter()

@@ -15,11 +15,12 @@ from lmi_server.adapters.formatters import Formatters
 from lmi_server.adapters.transforms import isolated_cache_salt
 from pydantic import BaseModel
 
-from lmi_server.api.adapters.routing import AdapterUse, apply_cache_salt
-from lmi_server.api.admit import RequestScopeMiddleware
+from lmi_server.api.adapters.routing import AdapterUse
+from lmi_server.api.pipeline import apply_cache_salt
+from lmi_server.api.request_scope import RequestScopeMiddleware
 from lmi_server.api.context import REQUEST_KEY, RequestContext, Shape, request_context
 from lmi_server.api.errors import APIError
-from lmi_server.api.formatting import respond
+from lmi_server.api.respond import respond
 
 
 def test_cache_salt_follows_the_requests_adapter():
@@ -249,15 +250,19 @@ def test_the_base_model_needs_no_adapter(model):
 
 
 def test_the_adapter_in_use_is_the_model_vllm_is_asked_for():
-    from lmi_server.api.adapters.routing import name_the_model
+    from lmi_server.api.pipeline import check_request
 
-    request = SimpleNamespace(scope={"state": {REQUEST_KEY: RequestContext(adapter=AdapterUse("pirate", None))}})
+    base = _naming_request()
+    state = SimpleNamespace(engine=SimpleNamespace(model_config=None), serving=base.app.state.ctx.owner.state.serving)
+    base.app.state.ctx.engine_limits = None
+    using = SimpleNamespace(app=base.app, scope={"state": {REQUEST_KEY: RequestContext(adapter=AdapterUse("pirate", None))}})
     parsed = SimpleNamespace(model="lmi")
-    name_the_model(request, parsed)
+    asyncio.run(check_request(using, parsed, state))
     assert parsed.model == "pirate"
-    parsed = SimpleNamespace(model="base-model")
-    name_the_model(SimpleNamespace(scope={"state": {}}), parsed)
-    assert parsed.model == "base-model"
+    for model, named in (("base-model", "base-model"), ("lmi", "base-model")):  # "lmi": LMI's name of the base model
+        parsed = SimpleNamespace(model=model)
+        asyncio.run(check_request(base, parsed, state))
+        assert parsed.model == named
 
 
 def test_the_adapters_field_names_the_adapter_of_any_body():
