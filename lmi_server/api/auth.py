@@ -1,4 +1,5 @@
-"""API keys: a pure ASGI middleware in front of every route except /ping, /health and /live.
+"""API keys: a pure ASGI middleware in front of every route except the public ones of the route
+table (api/routes.py: /ping, /health and /live).
 
 Keys come from `option.api_key` (comma-separated, for rotation; also `OPTION_API_KEY`) and
 `option.api_key_file` (one per line). A request presents one as `Authorization: Bearer KEY`
@@ -7,10 +8,10 @@ in constant time (sha256 digests through `hmac.compare_digest`, so neither conte
 leaks). No key configured: nothing is checked, and `warn_if_unprotected` logs one warning when
 the server listens beyond loopback.
 
-A key is a tenant (api/tenants.py): a key file line may name it and carry the tenant's settings,
+A key is a tenant (lmi_server/admission/tenants.py): a key file line may name it and carry the tenant's settings,
 `name=alice key=KEY weight=2 requests_per_second=5 tokens_per_minute=60000`; an unnamed key's
 tenant is `key-` and the first 8 hex digits of its sha256 (never the key). The middleware puts the
-matched key's entry in the request's scope state (`KEY_ENTRY`), where the tenant is read.
+matched key's entry in the request's context (`RequestContext.key_entry`), where the tenant is read.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from pathlib import Path
 
 from fastapi.responses import JSONResponse
 
+from lmi_server.api.context import request_context
 from lmi_server.api.errors import APIError
+from lmi_server.api.routes import public_paths
 from lmi_server.config.schema import ConfigError
 from lmi_server.redact import register_secret
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/ping", "/health", "/live"})
-KEY_ENTRY = "lmi_api_key_entry"
+OPEN_PATHS = public_paths()  # the route table's public rows: the health checks
 _ENTRY_FIELDS = {"name", "key", "weight", "requests_per_second", "tokens_per_minute"}
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -190,7 +192,7 @@ class APIKeyMiddleware:
         key = self.presented(scope.get("headers") or [])
         entry = self.match(key)
         if entry is not None:
-            scope.setdefault("state", {})[KEY_ENTRY] = entry
+            request_context(scope).key_entry = entry
             return await self.app(scope, receive, send)
         reason = "missing API key" if key is None else "invalid API key"
         err = APIError(

@@ -160,7 +160,7 @@ def test_a_redis_that_is_down_is_a_503_on_session_requests_only(tmp_path):
     down = f"redis://127.0.0.1:{_free_port()}/0"
     cfg = build_serving_config({"option.sessions_redis_url": down}, tmp_path)
     app = create_app(cfg, {"model": "x"}, start_engine=False)
-    assert isinstance(app.state.session_hook.store, RedisSessionStore)
+    assert isinstance(app.state.ctx.sessions.store, RedisSessionStore)
 
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as c:
@@ -193,7 +193,7 @@ def test_two_apps_share_sessions_over_http(url, tmp_path):
         async with httpx.AsyncClient(transport=transports[0], base_url="http://a") as a, httpx.AsyncClient(
             transport=transports[1], base_url="http://b"
         ) as b:
-            await apps[0].state.session_hook.store.client.flushdb()
+            await apps[0].state.ctx.sessions.store.client.flushdb()
             opened = await a.post("/invocations", json={"requestType": "NEW_SESSION"})
             session_id = opened.headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
             closed = await b.post("/invocations", json={"requestType": "CLOSE"}, headers={SESSION: session_id})

@@ -1,0 +1,1 @@
+"""OpenAI's front door: chat and completions (through the pipeline), models, vLLM's render API."""

@@ -1,0 +1,1 @@
+"""The pooling front door: embeddings, score and rerank for embedding models."""
