@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_server.adapters.registry import AdapterRegistry
+from lmi_server.catalogue import example_adapters_dir
 from lmi_server.adapters.validation import base_model_info
 from lmi_server.adapters.vllm_backend import VLLMBackend, with_adapter_listing
 from lmi_server.api.context import AppContext
@@ -26,14 +27,13 @@ def lora_enabled(cfg: Any) -> bool:
 
 def adapters_root(cfg: Any) -> Path:
     """option.adapters_path (relative to the model directory), else `adapters/` in the model directory;
-    the embedded assistant, with neither, uses the example adapters trained for it."""
+    a built-in model (the embedded assistant), with neither, uses the example adapters shipped for it."""
     path = cfg.adapters.adapters_path
     if path is None:
         own = Path(cfg.model_dir) / "adapters"
-        if cfg.model.source == "assistant" and not own.is_dir():
-            from lmi_server.demo.assistant import adapters_dir
-
-            return adapters_dir()
+        shipped = example_adapters_dir(cfg.model.source)  # a built-in model's example adapters
+        if shipped is not None and not own.is_dir():
+            return shipped
         return own
     path = Path(path).expanduser()
     return path if path.is_absolute() else Path(cfg.model_dir) / path
