@@ -1,4 +1,4 @@
-"""Prometheus metrics that vLLM does not already export, and the /metrics route.
+"""Prometheus metrics that vLLM does not already export (the /metrics route: `api/metrics_route.py`).
 
 vLLM registers its engine metrics (vllm:*) in the default registry of this process; this module
 adds the HTTP layer's view: requests by route and status, latency, and time to first token as
@@ -7,15 +7,12 @@ the client sees it (first streamed chunk that carries generated text).
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 import time
 from collections.abc import Callable
 
-from fastapi import APIRouter
-from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
@@ -38,18 +35,9 @@ DERIVED = CollectorRegistry(auto_describe=True)
 # A streamed chunk carries text when an OpenAI delta/choice or an LMI token has non-empty text.
 _TOKEN_CHUNK = re.compile(rb'"(?:content|text)":\s*"[^"]')
 
-router = APIRouter()
-
-
-def _render() -> bytes:
+def render() -> bytes:
+    """The exposition text of this process's metrics: vLLM's, ours and the derived ones."""
     return generate_latest(REGISTRY) + generate_latest(DERIVED)
-
-
-@router.get("/metrics")
-async def metrics() -> Response:
-    # Collecting may scrape the cache server over HTTP (LMCacheCollector): off the event loop.
-    body = await asyncio.to_thread(_render)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 def _sum_samples(name: str) -> float | None:

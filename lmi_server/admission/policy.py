@@ -15,6 +15,9 @@ class AdmissionPolicy:
     """The base interface: FIFO order (priority first), no headroom."""
 
     name: ClassVar[str] = ""
+    keeps_headroom: ClassVar[bool] = False
+    """True when `reserve` may keep slots free: the runtime then adds them to a batch size the user
+    set (`runtime/fair_slots.py`) instead of carving them out of it."""
 
     def order(self, priority: int, tag: float, seq: int) -> tuple:
         """Sort key of a tenant's head request; the smallest is served next. `tag`: the tenant's
@@ -24,6 +27,12 @@ class AdmissionPolicy:
     def reserve(self, slots: int | None, reserved_slots: int | None) -> int:
         """Slots a tenant beyond its share leaves free while others are present (0: none)."""
         return 0
+
+
+def default_reserved_slots(batch_size: int) -> int:
+    """option.reserved_slots when unset: one slot per eight, at least two (with one, two newcomers
+    arriving together take turns waiting for it: benchmarks/results/fairness_reserve1.json)."""
+    return max(2, int(batch_size) // 8)
 
 
 POLICIES: dict[str, type[AdmissionPolicy]] = {}
@@ -53,6 +62,7 @@ class FairPolicy(AdmissionPolicy):
     """Weighted fair order across tenants (FIFO within one), with slot headroom for newcomers."""
 
     name = "fair"
+    keeps_headroom = True
 
     def order(self, priority: int, tag: float, seq: int) -> tuple:
         return (priority, tag, seq)
@@ -60,7 +70,5 @@ class FairPolicy(AdmissionPolicy):
     def reserve(self, slots: int | None, reserved_slots: int | None) -> int:
         if slots is None:
             return 0
-        from lmi_server.config.options import default_reserved_slots
-
         reserve = reserved_slots if reserved_slots is not None else default_reserved_slots(slots)
         return min(reserve, slots - 1)

@@ -52,7 +52,7 @@ def _adapters() -> APIRouter:
 
 
 def _metrics() -> APIRouter:
-    from lmi_server.metrics import router
+    from lmi_server.api.metrics_route import router
 
     return router
 

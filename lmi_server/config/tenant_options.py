@@ -3,9 +3,11 @@ weights, rate limits and the slots kept free for newcomers. Kept beside `options
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lmi_server.admission.policy import POLICIES, default_reserved_slots  # noqa: F401 - re-exported
 
 
 class TenantOptions(BaseModel):
@@ -13,11 +15,18 @@ class TenantOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    admission_policy: Literal["fair", "fifo"] = Field(
+    admission_policy: str = Field(
         "fair",
         description="How waiting requests get engine slots: fair (tenants in turn, weighted, priority first, "
         "FIFO within a tenant) or fifo (one arrival order for all, priority first).",
     )
+    @field_validator("admission_policy")
+    @classmethod
+    def _registered_policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"unknown admission policy {value!r}; registered: {', '.join(sorted(POLICIES))}")
+        return value
+
     tenant_header: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9-]{1,64}$",
@@ -79,10 +88,3 @@ class TenantOptions(BaseModel):
                 raise ValueError(f"expected name:weight pairs with positive weights, e.g. pirate:3,shouter:1 (got {part!r})")
             weights[name.strip()] = number
         return weights
-
-
-def default_reserved_slots(batch_size: int) -> int:
-    """option.reserved_slots when unset: one slot per eight, at least two (with one, two newcomers
-    arriving together take turns waiting for it: benchmarks/results/fairness_reserve1.json)."""
-    return max(2, int(batch_size) // 8)
-

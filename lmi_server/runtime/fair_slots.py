@@ -1,10 +1,10 @@
-"""Fair admission's reserved slots, added to the engine's batch size (`option.admission_policy=fair`)."""
+"""Reserved slots of a policy that keeps headroom (`option.admission_policy=fair`), added to the engine's batch size."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lmi_server.config.options import default_reserved_slots
+from lmi_server.admission.policy import default_reserved_slots, policy_named
 from lmi_server.config.schema import ServingConfig
 
 
@@ -17,7 +17,7 @@ def fair_headroom(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[s
     default stays the engine's and admission carves the reserve out of it."""
     tenants = cfg.tenants
     batch = engine_args.get("max_num_seqs")
-    if tenants.admission_policy != "fair" or batch is None:
+    if not policy_named(tenants.admission_policy).keeps_headroom or batch is None:
         return None
     batch = int(batch)
     reserved = tenants.reserved_slots if tenants.reserved_slots is not None else default_reserved_slots(batch)

@@ -41,3 +41,39 @@ def test_a_new_policy_plugs_in_by_name():
         assert Admission(queue_size=1, policy="test-newest-first")._reserve() == 0
     finally:
         del POLICIES["test-newest-first"]
+
+
+def test_the_option_accepts_exactly_the_registered_policies():
+    """option.admission_policy is checked against the registry: an unknown name is a start-up error
+    naming the registered ones, a policy registered by name is accepted without touching config."""
+    from pydantic import ValidationError
+
+    from lmi_server.config.tenant_options import TenantOptions
+
+    assert TenantOptions(admission_policy="fifo").admission_policy == "fifo"
+    with pytest.raises(ValidationError, match="registered: .*fair.*fifo"):
+        TenantOptions(admission_policy="lottery")
+
+    @register
+    class Lottery(AdmissionPolicy):
+        name = "lottery"
+
+    try:
+        assert TenantOptions(admission_policy="lottery").admission_policy == "lottery"
+    finally:
+        POLICIES.pop("lottery")
+
+
+def test_the_runtime_adds_reserved_slots_only_for_a_policy_that_keeps_headroom():
+    from lmi_server.runtime.fair_slots import fair_headroom
+
+    class Cfg:
+        def __init__(self, policy):
+            from lmi_server.config.tenant_options import TenantOptions
+
+            self.tenants = TenantOptions(admission_policy=policy, reserved_slots=2)
+
+    args, notes = {"max_num_seqs": 8}, []
+    assert fair_headroom(Cfg("fair"), args, notes)["engine_max_num_seqs"] == 10 and args["max_num_seqs"] == 10
+    args = {"max_num_seqs": 8}
+    assert fair_headroom(Cfg("fifo"), args, []) is None and args["max_num_seqs"] == 8

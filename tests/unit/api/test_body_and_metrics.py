@@ -48,7 +48,8 @@ class _Slow(http.server.BaseHTTPRequestHandler):
 def test_metrics_scrape_of_the_cache_server_does_not_block_the_event_loop():
     from fastapi import FastAPI
 
-    from lmi_server.metrics import register_lmcache_collector, router, unregister_collector
+    from lmi_server.api.metrics_route import router
+    from lmi_server.metrics import register_lmcache_collector, unregister_collector
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
     threading.Thread(target=server.serve_forever, daemon=True).start()
