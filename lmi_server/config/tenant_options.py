@@ -18,7 +18,8 @@ class TenantOptions(BaseModel):
     admission_policy: str = Field(
         "fair",
         description="How waiting requests get engine slots: fair (tenants in turn, weighted, priority first, "
-        "FIFO within a tenant) or fifo (one arrival order for all, priority first).",
+        "FIFO within a tenant) or fifo (one arrival order for all, priority first); any policy registered in "
+        "lmi_server/admission/policy.py.",
     )
     @field_validator("admission_policy")
     @classmethod
