@@ -16,6 +16,7 @@ from lmi_server.api.admission import Admission, AdmissionReleaseMiddleware
 from lmi_server.api.lifecycle import engine_watchdog
 from lmi_server.api.media import MediaPolicy
 from lmi_server.api.openapi import install_openapi
+from lmi_server.api.anthropic import error_body_for
 from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
 from lmi_server.api.errors import install_error_handlers
 from lmi_server.api.sessions import SessionHook, SessionStore
@@ -164,7 +165,9 @@ def create_app(
         build_session_store(cfg.sessions),  # this replica's own, or shared in Redis (option.sessions_redis_url)
     )
     install_error_handlers(app)
-    app.add_middleware(APIKeyMiddleware, keys=api_keys, metrics_public=cfg.security.metrics_public)
+    app.add_middleware(
+        APIKeyMiddleware, keys=api_keys, metrics_public=cfg.security.metrics_public, error_body=error_body_for
+    )
     app.add_middleware(MetricsMiddleware)
     if owner.frontend_args.get("enable_request_id_headers"):
         from vllm.entrypoints.serve.middleware.x_request_id import XRequestIdMiddleware

@@ -191,10 +191,14 @@ async def sse_to_jsonl(body: AsyncIterator[Any]) -> AsyncIterator[bytes]:
             yield ("\n".join(out) + "\n").encode("utf-8")
 
 
-async def as_response(result: Any, request: Request, headers: dict[str, str] | None = None, stream_kind: str = "sse"):
+async def as_response(
+    result: Any, request: Request, headers: dict[str, str] | None = None, stream_kind: str = "sse", dump: Any = None
+):
     """vLLM's result as a response (through the output formatter, if any). Streams are SSE (the
-    OpenAI routes) or jsonlines (`stream_kind="jsonl"`: /invocations, as LMI sends them)."""
+    OpenAI routes) or jsonlines (`stream_kind="jsonl"`: /invocations, as LMI sends them); `dump`
+    replaces the default JSON of a response object (a front door sending vLLM's own encoding)."""
     return await respond(
         request, result, shape_json=lambda body: body, shape_stream=(lambda events: events) if stream_kind == "sse" else sse_to_jsonl,
         kind=stream_kind, headers=headers, wrap=lambda body: yielding(body, admission_ticket(request)),
+        **({"dump": dump} if dump is not None else {}),
     )

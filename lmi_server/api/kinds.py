@@ -13,7 +13,10 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
+from lmi_server.api import anthropic as anthropic_routes
 from lmi_server.api import embeddings
+from lmi_server.api import responses as responses_routes
+from lmi_server.api import tokenize as tokenize_routes
 from lmi_server.api import openai as openai_routes
 from lmi_server.api import render
 from lmi_server.api import sagemaker
@@ -21,12 +24,15 @@ from lmi_server.api.errors import APIError
 from lmi_server.config.model_kind import ModelKind
 
 INVOCATIONS = "/invocations"
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions") + render.RENDER_PATHS
+GENERATION_PATHS = (
+    ("/v1/chat/completions", "/v1/completions") + render.RENDER_PATHS + responses_routes.PATHS + anthropic_routes.PATHS
+)
 EMBEDDING_PATHS = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
 
 # What a client of the wrong kind is told to use instead.
 INSTEAD = {
-    "generate": "POST /v1/chat/completions, /v1/completions or /invocations with {\"inputs\": ..., \"parameters\": {...}}",
+    "generate": "POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages or /invocations with "
+    "{\"inputs\": ..., \"parameters\": {...}}",
     "embed": "POST /v1/embeddings, /score, /rerank, or /invocations with {\"inputs\": \"text\" | [\"text\", ...]}",
     "classify": "nothing here yet: this server serves generating and embedding models",
 }
@@ -67,7 +73,10 @@ def refusals(kind: ModelKind, paths: Iterable[str], route_kind: str) -> APIRoute
 
 
 def _generate(kind: ModelKind) -> list[APIRouter]:
-    return [sagemaker.router, openai_routes.router, render.router, refusals(kind, EMBEDDING_PATHS, "embed")]
+    return [
+        sagemaker.router, openai_routes.router, render.router, responses_routes.router, anthropic_routes.router,
+        tokenize_routes.router, refusals(kind, EMBEDDING_PATHS, "embed"),
+    ]
 
 
 def _embed(kind: ModelKind) -> list[APIRouter]:
