@@ -8,22 +8,24 @@ import logging
 import os
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from lmi_server import prefill_gate
-from lmi_server.api import adapter_wiring, kinds
-from lmi_server.api.admission import Admission, AdmissionReleaseMiddleware
+from lmi_server.adapters.formatters import FormatterError, load_model_formatters
+from lmi_server.admission import Admission, Tenants
+from lmi_server.api import kinds
+from lmi_server.api.adapters import wiring as adapter_wiring
+from lmi_server.api.admit import RequestScopeMiddleware
+from lmi_server.api.anthropic import error_body_for
+from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
+from lmi_server.api.context import AppContext
+from lmi_server.api.errors import install_error_handlers
 from lmi_server.api.lifecycle import engine_watchdog
 from lmi_server.api.media import MediaPolicy
 from lmi_server.api.openapi import install_openapi
-from lmi_server.api.anthropic import error_body_for
-from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
-from lmi_server.api.errors import install_error_handlers
+from lmi_server.api.sagemaker.custom_handler import handler_properties
 from lmi_server.api.sessions import SessionHook, SessionStore
 from lmi_server.api.sessions_redis import build_session_store
-from lmi_server.api.tenants import Tenants
-from lmi_server.adapters.formatters import FormatterError, load_model_formatters
-from lmi_server.api.custom_handler import handler_properties
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.engine import EngineOwner
 from lmi_server.engine_limits import EngineLimits
@@ -33,11 +35,6 @@ from lmi_server.metrics import router as metrics_router
 from lmi_server.redact import install_log_redaction, register_secret
 
 log = logging.getLogger(__name__)
-
-
-def _client_salt_only(request: Request, engine_request: Any) -> None:
-    """Default cache salter (LoRA off): the client's own `cache_salt`, if any, is used as sent."""
-    return None
 
 
 async def _sweep_sessions(store: SessionStore, interval_s: int) -> None:
@@ -52,16 +49,17 @@ async def _sweep_sessions(store: SessionStore, interval_s: int) -> None:
             log.exception("sessions: sweep failed")
 
 
-def install_engine_guards(app: FastAPI, owner: EngineOwner) -> None:
+def install_engine_guards(ctx: AppContext) -> None:
     """On every engine built (start-up and rebuilds): what it cannot serve is read from its own
-    configuration (`app.state.engine_limits`, refused with a 400), and with LoRA on a request
+    configuration (`AppContext.engine_limits`, refused with a 400), and with LoRA on a request
     asking for prompt log-probabilities prefills alone (`prefill_gate`)."""
-    app.state.engine_limits = None
-    gate = prefill_gate.PrefillGate() if adapter_wiring.lora_enabled(app.state.config) else None
-    app.state.prefill_gate = gate
+    owner = ctx.owner
+    ctx.engine_limits = None
+    gate = prefill_gate.PrefillGate() if adapter_wiring.lora_enabled(ctx.config) else None
+    ctx.prefill_gate = gate
 
     def guard_engine() -> None:
-        app.state.engine_limits = EngineLimits.of_engine(owner.state.engine)
+        ctx.engine_limits = EngineLimits.of_engine(owner.state.engine)
         if gate is not None and prefill_gate.install(owner.state.serving, owner.state.engine, gate):
             log.info("LoRA on: a request asking for prompt log-probabilities prefills alone in the engine")
 
@@ -112,7 +110,7 @@ def create_app(
                 log.info("removed the blend store of a server that is gone: %s", path)
         if start_engine:
             owner.start_background()
-        session_store = app.state.session_hook.store
+        session_store = app.state.ctx.sessions.store
         if hasattr(session_store, "startup_check"):
             await session_store.startup_check()
         sweeper = asyncio.create_task(_sweep_sessions(session_store, cfg.sessions.sessions_sweep_interval))
@@ -134,36 +132,13 @@ def create_app(
                 remove_store(store_dir)  # this server's segment KV (tmpfs) goes with it
 
     app = FastAPI(title="lmi_server", lifespan=lifespan)
-    app.state.config = cfg
-    app.state.media_policy = MediaPolicy.from_options(
-        allowed_domains=cfg.engine_args.get("allowed_media_domains"), max_image_bytes=cfg.server.max_image_bytes,
-        max_image_pixels=cfg.server.max_image_pixels, limit_mm_per_prompt=cfg.engine_args.get("limit_mm_per_prompt"),
-    )
-    if app.state.media_policy.allowed_domains:
+    ctx = build_context(cfg, runtime, owner, api_keys, model_formatters)
+    app.state.ctx = ctx
+    if ctx.media_policy.allowed_domains:
         # an allowed host must not redirect vLLM's fetch to one that is not
         os.environ.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
-    app.state.runtime = runtime
-    app.state.engine_owner = owner
-    app.state.tenants = Tenants.from_config(cfg, api_keys)
-    fair_slots = getattr(runtime, "fair_slots", None)  # reserved slots added on top of the batch size
-    app.state.admission = Admission(
-        queue_size=cfg.server.job_queue_size,
-        max_wait_s=cfg.server.max_queue_wait,
-        policy=cfg.tenants.admission_policy,
-        tenant_queue_share=cfg.tenants.tenant_queue_share,
-        reserved_slots=fair_slots["reserved_slots"] if fair_slots else cfg.tenants.reserved_slots,
-        tenant_cap=fair_slots["batch_size"] if fair_slots else None,
-        weights=app.state.tenants.weights,
-    )
     app.state.draining = False
     app.state.exit_code = 0
-    app.state.cache_salter = _client_salt_only
-    app.state.model_formatters = model_formatters  # the model directory's model.py (LMI's contract)
-    app.state.handler_properties = handler_properties(cfg)  # what a custom handle() gets as properties
-    app.state.session_hook = SessionHook(
-        cfg.sessions.enable_stateful_sessions,
-        build_session_store(cfg.sessions),  # this replica's own, or shared in Redis (option.sessions_redis_url)
-    )
     install_error_handlers(app)
     app.add_middleware(
         APIKeyMiddleware, keys=api_keys, metrics_public=cfg.security.metrics_public, error_body=error_body_for
@@ -175,8 +150,37 @@ def create_app(
         app.add_middleware(XRequestIdMiddleware)
     kinds.install(app, cfg.kind)  # the model kind's routes (generate, embed, ...), chosen once here
     app.include_router(metrics_router)
-    install_engine_guards(app, owner)
-    adapter_wiring.install(app)  # LoRA adapters: /adapters routes, resolvers, lease middleware; registry once the engine is ready
+    install_engine_guards(ctx)
+    adapter_wiring.install(app, ctx)  # LoRA adapters: /adapters routes; registry once the engine is ready
     install_openapi(app)  # the request bodies the routes read themselves
-    app.add_middleware(AdmissionReleaseMiddleware)
+    app.add_middleware(RequestScopeMiddleware)  # outermost: the request's context, released at the end
     return app
+
+
+def build_context(cfg: ServingConfig, runtime: Any, owner: EngineOwner, api_keys: list, model_formatters: Any) -> AppContext:
+    """The app's typed context: everything the routers and the pipeline read, built once."""
+    tenants = Tenants.from_config(cfg, api_keys)
+    fair_slots = getattr(runtime, "fair_slots", None)  # reserved slots added on top of the batch size
+    admission = Admission(
+        queue_size=cfg.server.job_queue_size,
+        max_wait_s=cfg.server.max_queue_wait,
+        policy=cfg.tenants.admission_policy,
+        tenant_queue_share=cfg.tenants.tenant_queue_share,
+        reserved_slots=fair_slots["reserved_slots"] if fair_slots else cfg.tenants.reserved_slots,
+        tenant_cap=fair_slots["batch_size"] if fair_slots else None,
+        weights=tenants.weights,
+    )
+    media_policy = MediaPolicy.from_options(
+        allowed_domains=cfg.engine_args.get("allowed_media_domains"), max_image_bytes=cfg.server.max_image_bytes,
+        max_image_pixels=cfg.server.max_image_pixels, limit_mm_per_prompt=cfg.engine_args.get("limit_mm_per_prompt"),
+    )
+    sessions = SessionHook(
+        cfg.sessions.enable_stateful_sessions,
+        build_session_store(cfg.sessions),  # this replica's own, or shared in Redis (option.sessions_redis_url)
+    )
+    return AppContext(
+        config=cfg, owner=owner, admission=admission, tenants=tenants, sessions=sessions,
+        model_formatters=model_formatters,  # the model directory's model.py (LMI's contract)
+        handler_properties=handler_properties(cfg),  # what a custom handle() gets as properties
+        media_policy=media_policy, runtime=runtime,
+    )

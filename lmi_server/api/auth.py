@@ -10,7 +10,7 @@ the server listens beyond loopback.
 A key is a tenant (api/tenants.py): a key file line may name it and carry the tenant's settings,
 `name=alice key=KEY weight=2 requests_per_second=5 tokens_per_minute=60000`; an unnamed key's
 tenant is `key-` and the first 8 hex digits of its sha256 (never the key). The middleware puts the
-matched key's entry in the request's scope state (`KEY_ENTRY`), where the tenant is read.
+matched key's entry in the request's context (`RequestContext.key_entry`), where the tenant is read.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from fastapi.responses import JSONResponse
 
+from lmi_server.api.context import request_context
 from lmi_server.api.errors import APIError
 from lmi_server.config.schema import ConfigError
 from lmi_server.redact import register_secret
@@ -31,7 +32,6 @@ from lmi_server.redact import register_secret
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/ping", "/health", "/live"})
-KEY_ENTRY = "lmi_api_key_entry"
 _ENTRY_FIELDS = {"name", "key", "weight", "requests_per_second", "tokens_per_minute"}
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -192,7 +192,7 @@ class APIKeyMiddleware:
         key = self.presented(scope.get("headers") or [])
         entry = self.match(key)
         if entry is not None:
-            scope.setdefault("state", {})[KEY_ENTRY] = entry
+            request_context(scope).key_entry = entry
             return await self.app(scope, receive, send)
         reason = "missing API key" if key is None else "invalid API key"
         err = APIError(

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import Request
 
+from lmi_server.api.context import request_context
 from lmi_server.api.errors import APIError
 
 # Deeper JSON than this is refused (400) before anything walks it recursively (pydantic, vLLM's
@@ -31,9 +32,6 @@ def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-RAW_BODY_KEY = "lmi_raw_body"
-
-
 async def read_json_body(request: Request, max_bytes: int) -> Any:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
@@ -46,7 +44,7 @@ async def read_json_body(request: Request, max_bytes: int) -> Any:
             raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes (option.max_request_bytes)")
         chunks.append(chunk)
     raw = b"".join(chunks)
-    request.scope.setdefault("state", {})[RAW_BODY_KEY] = raw  # LMI's custom handler gets the bytes
+    request_context(request).raw_body = raw  # LMI's custom handler gets the bytes
     if not raw.strip():
         raise APIError(400, "request body is empty; send a JSON object")
     try:

@@ -13,14 +13,15 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
+from lmi_server.api.context import Shape, begin
 from lmi_server.api import anthropic as anthropic_routes
-from lmi_server.api import embeddings
 from lmi_server.api import responses as responses_routes
 from lmi_server.api import tokenize as tokenize_routes
-from lmi_server.api import openai as openai_routes
-from lmi_server.api import render
-from lmi_server.api import sagemaker
 from lmi_server.api.errors import APIError
+from lmi_server.api.openai import render
+from lmi_server.api.openai import routes as openai_routes
+from lmi_server.api.pooling import embeddings
+from lmi_server.api.sagemaker import routes as sagemaker
 from lmi_server.config.model_kind import ModelKind
 
 INVOCATIONS = "/invocations"
@@ -63,10 +64,11 @@ def refusals(kind: ModelKind, paths: Iterable[str], route_kind: str) -> APIRoute
     )
 
     for path in paths:
-        lmi = path == INVOCATIONS
+        shape = Shape.LMI if path == INVOCATIONS else Shape.OPENAI
 
-        async def refuse(request: Request, _path: str = path, _lmi: bool = lmi):
-            raise APIError(400, message.replace("{path}", _path), lmi=_lmi)
+        async def refuse(request: Request, _path: str = path, _shape: Shape = shape):
+            begin(request, _shape)
+            raise APIError(400, message.replace("{path}", _path))
 
         router.add_api_route(path, refuse, methods=["POST"], include_in_schema=False)
     return router
@@ -118,4 +120,4 @@ def install(app: FastAPI, kind: ModelKind) -> None:
     routes = KINDS[kind.name]
     for router in routes.routers(kind):
         app.include_router(router)
-    app.state.request_bodies = routes.request_bodies
+    app.state.ctx.request_bodies = routes.request_bodies

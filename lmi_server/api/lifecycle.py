@@ -57,7 +57,7 @@ class DrainingServer(uvicorn.Server):
         loop.call_soon_threadsafe(lambda: setattr(self, "_drain_task", loop.create_task(self._drain_then_exit())))
 
     async def _drain_then_exit(self) -> None:
-        admission = self.lmi_app.state.admission
+        admission = self.lmi_app.state.ctx.admission
         drained = await admission.wait_idle(self.drain_timeout_s)
         if not drained:
             log.warning("drain timeout: %d requests still in flight are cut off", admission.in_flight)
@@ -82,7 +82,7 @@ def exit_after_serving(app: Any) -> None:
 
 def begin_drain(app: Any) -> None:
     app.state.draining = True
-    app.state.admission.draining = True
+    app.state.ctx.admission.draining = True
 
 
 def restart_budget(cfg: Any) -> RestartBudget:
@@ -108,8 +108,8 @@ async def engine_watchdog(
     """End the process when the engine could not be built; rebuild an engine that died while
     serving, within the restart budget, else end the process (non-zero). Checking costs an
     attribute read, so it checks often: each check saved is time back in service."""
-    owner = app.state.engine_owner
-    budget = budget if budget is not None else restart_budget(getattr(app.state, "config", None))
+    owner = app.state.ctx.owner
+    budget = budget if budget is not None else restart_budget(getattr(getattr(app.state, "ctx", None), "config", None))
     while True:
         await asyncio.sleep(interval_s)
         state = owner.state

@@ -37,9 +37,9 @@ def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:
-    from lmi_server.api.adapters import RegisterAdapter, UpdateAdapter
-    from lmi_server.api.lmi_protocol import LMIRequest
-    from lmi_server.api.openai import chat_request_type, completion_request_type
+    from lmi_server.api.adapters.routes import RegisterAdapter, UpdateAdapter
+    from lmi_server.api.openai.routes import chat_request_type, completion_request_type
+    from lmi_server.api.sagemaker.lmi_protocol import LMIRequest
 
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     components = doc.setdefault("components", {}).setdefault("schemas", {})
@@ -59,7 +59,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         "/adapters/{name}/update": adapter_update,
         "/models/{model}/adapters/{name}/update": adapter_update,
     }
-    kind_bodies = getattr(app.state, "request_bodies", None)  # the model kind's own routes (api/kinds.py)
+    kind_bodies = app.state.ctx.request_bodies  # the model kind's own routes (api/kinds.py)
     if kind_bodies is not None:
         bodies.update(kind_bodies(components))
     for path, schema in bodies.items():

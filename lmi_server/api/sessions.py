@@ -145,12 +145,12 @@ class SessionStore:
         SessionExpired (LMI then serves the request without its session)."""
         session = self._sessions.get(session_id) if _ID.match(session_id) else None
         if session is None:
-            raise APIError(424, f"session not found: {session_id!r} is unknown; open one with {{\"requestType\": \"NEW_SESSION\"}}", lmi=True)
+            raise APIError(424, f"session not found: {session_id!r} is unknown; open one with {{\"requestType\": \"NEW_SESSION\"}}")
         if self.clock() >= session.expires_at:
             self._forget(session_id)  # swept on access
-            raise SessionExpired(400, f"session {session_id!r} expired at {utc(session.expires_at)}", lmi=True)
+            raise SessionExpired(400, f"session {session_id!r} expired at {utc(session.expires_at)}")
         if session.closed:
-            raise APIError(424, f"session not found: {session_id!r} was closed", lmi=True)
+            raise APIError(424, f"session not found: {session_id!r} was closed")
         return session
 
     def close(self, session_id: str) -> Session:

@@ -178,11 +178,11 @@ class RedisSessionStore:
         """The live session, or LMI's 424 (unknown or closed), or SessionExpired."""
         session = await self._load(session_id, what)
         if session is None:
-            raise APIError(424, f"session not found: {session_id!r} is unknown; open one with {{\"requestType\": \"NEW_SESSION\"}}", lmi=True)
+            raise APIError(424, f"session not found: {session_id!r} is unknown; open one with {{\"requestType\": \"NEW_SESSION\"}}")
         if self.clock() >= session.expires_at:
-            raise SessionExpired(400, f"session {session_id!r} expired at {utc(session.expires_at)}", lmi=True)
+            raise SessionExpired(400, f"session {session_id!r} expired at {utc(session.expires_at)}")
         if session.closed:
-            raise APIError(424, f"session not found: {session_id!r} was closed", lmi=True)
+            raise APIError(424, f"session not found: {session_id!r} was closed")
         return session
 
     async def close(self, session_id: str) -> Session:

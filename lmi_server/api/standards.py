@@ -24,5 +24,6 @@ def _import_quietly():
 
 
 SageMakerLoRAApiHeader, SageMakerSessionHeader, SessionRequest = _import_quietly()
+ADAPTER_HEADER = SageMakerLoRAApiHeader.ADAPTER_IDENTIFIER.lower()  # x-amzn-sagemaker-adapter-identifier
 
-__all__ = ["SageMakerLoRAApiHeader", "SageMakerSessionHeader", "SessionRequest"]
+__all__ = ["ADAPTER_HEADER", "SageMakerLoRAApiHeader", "SageMakerSessionHeader", "SessionRequest"]

@@ -1,16 +1,22 @@
 """POST /tokenize and POST /detokenize: vLLM's own tokenization endpoints (`ServingTokenization`,
 built by vLLM's `init_app_state`), for clients that count or check tokens before they send (a
 prompt as text or as chat messages through the model's template; token ids back to text). The body
-is read and validated as on the other routes, a `model` naming an adapter is resolved as there (404
-naming what exists), and no engine slot is taken: nothing is generated."""
+is read and checked as on /v1/chat/completions (`api/pipeline`: size, readiness, formatter, content
+parts, media, "lmi"), a `model` naming an adapter is resolved as there (404 naming what exists),
+and no engine slot is taken: nothing is generated."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 
-from lmi_server.api.front_door import read_request, resolve_model
-from lmi_server.api.openai import check_messages_and_model
-from lmi_server.api.generation import as_response, call_serving, engine_state
+from lmi_server.api.adapters.routing import resolve_adapter
+from lmi_server.api.context import Shape, begin
+from lmi_server.api.engine_calls import call_serving
+from lmi_server.api.front_door import send
+from lmi_server.api.openai.routes import parse_request
+from lmi_server.api.pipeline import check_request, read_checked
 
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
@@ -19,30 +25,33 @@ router = APIRouter()
 
 
 class _Union:
-    """A pydantic TypeAdapter with the `model_validate` that `read_request` calls."""
+    """A pydantic TypeAdapter with the `model_validate` that `parse_request` calls."""
 
-    def __init__(self, union):
+    def __init__(self, union: Any):
         from pydantic import TypeAdapter
 
         self.model_validate = TypeAdapter(union).validate_python
+
+
+async def _run(request: Request, request_type: Any, method: str):
+    begin(request, Shape.OPENAI)
+    body, state = await read_checked(request)
+    parsed = parse_request(request_type, body)
+    await check_request(request, parsed, state, generates=False)
+    await resolve_adapter(request, parsed)
+    serving = state.serving.serving_tokenization
+    return await send(request, await call_serving(getattr(serving, method)(parsed, request), request), lambda r: r.model_dump())
 
 
 @router.post(TOKENIZE)
 async def tokenize(request: Request):
     from vllm.entrypoints.serve.tokenize.protocol import TokenizeRequest
 
-    parsed, _ = await read_request(request, _Union(TokenizeRequest))
-    state = engine_state(request)
-    await check_messages_and_model(request, parsed, state)  # chat messages: as on /v1/chat/completions
-    await resolve_model(request, state, parsed)
-    return await as_response(await call_serving(state.serving.serving_tokenization.create_tokenize(parsed, request), request), request)
+    return await _run(request, _Union(TokenizeRequest), "create_tokenize")
 
 
 @router.post(DETOKENIZE)
 async def detokenize(request: Request):
     from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest
 
-    parsed, _ = await read_request(request, DetokenizeRequest)
-    state = engine_state(request)
-    await resolve_model(request, state, parsed)
-    return await as_response(await call_serving(state.serving.serving_tokenization.create_detokenize(parsed, request), request), request)
+    return await _run(request, DetokenizeRequest, "create_detokenize")

@@ -600,7 +600,7 @@ def test_probe_paths_answer_as_the_chart_expects_in_every_state(case, tmp_path):
     container = server_container(rendered(case))
     startup, ready, live = (container[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe"))
     app = _probe_app(tmp_path)
-    owner = app.state.engine_owner
+    owner = app.state.ctx.owner
     states = {}
     states["starting"] = {p: _get(app, p) for p in (startup, ready, live)}
     owner.state.status, owner.state.engine = "ready", SimpleNamespace(errored=False)

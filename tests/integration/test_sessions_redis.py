@@ -160,7 +160,7 @@ def test_a_redis_that_is_down_is_a_503_on_session_requests_only(tmp_path):
     down = f"redis://127.0.0.1:{_free_port()}/0"
     cfg = build_serving_config({"option.sessions_redis_url": down}, tmp_path)
     app = create_app(cfg, {"model": "x"}, start_engine=False)
-    assert isinstance(app.state.session_hook.store, RedisSessionStore)
+    assert isinstance(app.state.ctx.sessions.store, RedisSessionStore)
 
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as c:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from lmi_server.api.context import Shape
 from lmi_server.api.errors import from_engine_limit
 from lmi_server.engine_limits import EngineLimits, UnsupportedCombination, asks_prompt_logprobs, samples_with_seed
 
@@ -61,8 +62,8 @@ def test_with_lora_several_sequences_with_prompt_logprobs_are_refused_naming_n_a
     assert exc.value.param == "n" and "option.enable_lora" in str(exc.value)
     with pytest.raises(UnsupportedCombination):
         limits.check(_chat(n=3, echo=True))
-    error = from_engine_limit(exc.value, lmi=True)
-    assert error.status == 400 and error.body() == {"error": str(exc.value), "code": 400}
+    error = from_engine_limit(exc.value)
+    assert error.status == 400 and error.body(Shape.LMI) == {"error": str(exc.value), "code": 400}
 
 
 def test_seeded_sampling_is_refused_only_where_the_cpu_engine_chunks_prefills():

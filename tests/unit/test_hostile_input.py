@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from lmi_server.api.body import MAX_JSON_DEPTH, json_depth_exceeds
-from lmi_server.api.lmi_protocol import LMIRequest, to_completion_body
+from lmi_server.api.sagemaker.lmi_protocol import LMIRequest, to_completion_body
 from lmi_server.config.loader import load_serving_config
 from lmi_server.config.properties import parse_properties
 from lmi_server.config.schema import ConfigError, build_serving_config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "lmi_server"
 # Layers that must stay free of HTTP: no lmi_server.api, no FastAPI / Starlette.
-LOWER = ("lmi_server.adapters", "lmi_server.kvcache", "lmi_server.config", "lmi_server.speculative")
+LOWER = ("lmi_server.adapters", "lmi_server.admission", "lmi_server.kvcache", "lmi_server.config", "lmi_server.speculative")
 HTTP = ("lmi_server.api", "fastapi", "starlette")
 
 

@@ -124,7 +124,7 @@ def test_start_up_installs_before_model_py_imports_and_fails_clearly(tmp_path, m
     monkeypatch.syspath_prepend(str(tmp_path / "site"))  # where PIP_TARGET puts it
     cfg = build_serving_config({}, model_dir)
     app = create_app(cfg, {"model": "x"}, start_engine=False)
-    assert app.state.model_formatters.response_output is not None
+    assert app.state.ctx.model_formatters.response_output is not None
     assert (tmp_path / "site" / "lmi_tiny_dep_startup").is_dir()
 
     (model_dir / "requirements.txt").write_text("lmi_tiny_dep_startup==1.0\nnot-there-for-lmi-tests\n")

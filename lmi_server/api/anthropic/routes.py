@@ -1,10 +1,11 @@
 """POST /v1/messages and POST /v1/messages/count_tokens.
 
-The work is vLLM's `AnthropicServingMessages` (built by vLLM's `init_app_state` in `engine.py`):
-it turns a Messages request into a chat completion and the result back into Anthropic's message or
-event stream. This module parses the body, runs it through the steps every generating route takes
-(`api/front_door.py`: formatters, model/adapter, media, admission), clamps `max_tokens` to what fits
-the context (Claude Code asks 32,000 whatever the model), and answers errors in Anthropic's format.
+The work is vLLM's `AnthropicServingMessages` (built by vLLM's `init_app_state` in `engine.py`): it
+turns a Messages request into a chat completion and the result back into Anthropic's message or
+event stream. POST /v1/messages goes through the pipeline (`api/pipeline.serve`); here only what is
+Anthropic's: the body as vLLM's request type, its image blocks checked, `max_tokens` clamped to what
+fits the context (Claude Code asks 32,000 whatever the model; `x-lmi-max-tokens-clamped`), the
+answer as vLLM encodes it, errors in Anthropic's shape. Counting tokens takes no engine slot.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lmi_server.api import output_budget
-from lmi_server.api.anthropic.errors import in_anthropic_format
-from lmi_server.api.front_door import check_parts, read_request, resolve_model, take_slot
-from lmi_server.api.generation import as_response, call_serving, engine_state
+from lmi_server.api.adapters.routing import resolve_adapter
+from lmi_server.api.context import Shape, begin
+from lmi_server.api.engine_calls import call_serving, engine_state
+from lmi_server.api.front_door import body_bytes, check_parts, send
+from lmi_server.api.openai.routes import parse_request
+from lmi_server.api.pipeline import Generation, check_request, read_checked, serve
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
@@ -34,6 +38,10 @@ def count_type():
     from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest
 
     return AnthropicCountTokensRequest
+
+
+def messages_call(serving: Any):
+    return serving.anthropic_serving_messages.create_messages
 
 
 def _image_url(source: Any) -> str | None:
@@ -55,7 +63,7 @@ def content_parts(parsed: Any):
 
 
 async def prompt_tokens(serving: Any, parsed: Any) -> int | None:
-    """The prompt's length as vLLM renders it (its count_tokens), or None when it cannot be counted."""
+    """The prompt's length as vLLM counts it (its count_tokens), or None when it cannot be counted."""
     try:
         counted = await serving.count_tokens(count_type().model_validate(parsed.model_dump(exclude={"max_tokens"})))
     except Exception:  # noqa: BLE001 - the real call raises it again, mapped to its 4xx
@@ -63,44 +71,48 @@ async def prompt_tokens(serving: Any, parsed: Any) -> int | None:
     return getattr(counted, "input_tokens", None)
 
 
-async def clamp(serving: Any, parsed: Any, body_bytes: int) -> dict[str, str] | None:
+async def clamp(serving: Any, parsed: Any, size: int) -> dict[str, str]:
     """`max_tokens` beyond the context's room lowered to it; the header that says so."""
     limit = serving.model_config.max_model_len
     requested = parsed.max_tokens
-    if not output_budget.could_overflow(requested, body_bytes, limit):
-        return None
+    if not output_budget.could_overflow(requested, size, limit):
+        return {}
     used = output_budget.fitted(requested, await prompt_tokens(serving, parsed) or limit, limit)
     if used is None:
-        return None
+        return {}
     parsed.max_tokens = used
     return output_budget.clamp_header(requested, used)
 
 
 def dumped(result: Any) -> Any:
     """vLLM's own JSON for a Messages response (unset fields left out, as Anthropic sends it)."""
-    return result.model_dump(exclude_none=True) if hasattr(result, "model_dump") else result
+    return result.model_dump(exclude_none=True)
+
+
+def parser(request: Request, headers: dict[str, str]):
+    async def parse(body: Any) -> Generation:
+        parsed = parse_request(messages_type(), body)
+        state = engine_state(request)
+        await check_parts(request, state, content_parts(parsed))
+        headers.update(await clamp(state.serving.anthropic_serving_messages, parsed, body_bytes(body)))
+        return Generation(parsed, messages_call, dump=dumped)
+
+    return parse
 
 
 @router.post(MESSAGES)
-@in_anthropic_format
 async def create_message(request: Request):
-    parsed, size = await read_request(request, messages_type())
-    state = engine_state(request)
-    serving = state.serving.anthropic_serving_messages
-    await check_parts(request, state, content_parts(parsed))
-    await resolve_model(request, state, parsed)
-    headers = await clamp(serving, parsed, size)
-    await take_slot(request, state, parsed)
-    result = await call_serving(serving.create_messages(parsed, request), request)
-    return await as_response(result, request, headers, dump=dumped)
+    headers: dict[str, str] = {}
+    return await serve(request, parser(request, headers), shape=Shape.ANTHROPIC, headers=headers)
 
 
 @router.post(COUNT_TOKENS)
-@in_anthropic_format
 async def count_tokens(request: Request):
-    parsed, _ = await read_request(request, count_type())
-    state = engine_state(request)
+    begin(request, Shape.ANTHROPIC)
+    body, state = await read_checked(request)
+    parsed = parse_request(count_type(), body)
+    await check_request(request, parsed, state, generates=False)
     await check_parts(request, state, content_parts(parsed))
-    await resolve_model(request, state, parsed)
+    await resolve_adapter(request, parsed)
     result = await call_serving(state.serving.anthropic_serving_messages.count_tokens(parsed, request), request)
-    return await as_response(result, request, dump=dumped)
+    return await send(request, result, dumped)

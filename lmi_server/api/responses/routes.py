@@ -1,10 +1,10 @@
 """POST /v1/responses, GET /v1/responses/{response_id}, POST /v1/responses/{response_id}/cancel.
 
 The work is vLLM's `OpenAIServingResponses` (built by vLLM's `init_app_state` in `engine.py`, its
-store bounded by `option.responses_store_size`); this module parses the body, runs it through the
-steps every generating route takes (`api/front_door.py`: formatters, model/adapter, media, admission),
-clamps `max_output_tokens` to what fits the context, and sends vLLM's result as JSON or SSE events
-(vLLM's own event encoding). Errors are OpenAI's envelope, as on /v1/chat/completions.
+store bounded by `option.responses_store_size`). POST goes through the pipeline (`api/pipeline.serve`);
+here only what is the Responses API's: the body as vLLM's `ResponsesRequest`, its content parts
+checked, `max_output_tokens` clamped to what fits the context (`x-lmi-max-tokens-clamped`), vLLM's
+own JSON and SSE event encoding, OpenAI's error shape.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lmi_server.api import output_budget
-from lmi_server.api.adapter_routing import STREAMS_KEY
-from lmi_server.api.front_door import check_parts, read_request, resolve_model, take_slot
-from lmi_server.api.generation import as_response, call_serving, engine_state
+from lmi_server.api.adapters.routing import adapters_field
+from lmi_server.api.context import Shape, begin
+from lmi_server.api.engine_calls import call_serving, engine_state
+from lmi_server.api.front_door import body_bytes, check_parts, send
+from lmi_server.api.openai.routes import parse_request
+from lmi_server.api.pipeline import Generation, serve
 
 CREATE = "/v1/responses"
 PATHS = (CREATE,)
@@ -27,6 +30,10 @@ def request_type():
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
     return ResponsesRequest
+
+
+def responses_call(serving: Any):
+    return serving.openai_serving_responses.create_responses
 
 
 def _field(item: Any, key: str) -> Any:
@@ -64,15 +71,15 @@ async def prompt_tokens(serving: Any, parsed: Any) -> int | None:
     return serving._extract_prompt_len(rendered.engine_input)
 
 
-async def clamp(request: Request, serving: Any, parsed: Any, body_bytes: int) -> dict[str, str] | None:
+async def clamp(serving: Any, parsed: Any, size: int) -> dict[str, str]:
     """`max_output_tokens` beyond the context's room lowered to it; the header that says so."""
     limit = serving.model_config.max_model_len
     requested = parsed.max_output_tokens
-    if not output_budget.could_overflow(requested, body_bytes, limit):
-        return None
+    if not output_budget.could_overflow(requested, size, limit):
+        return {}
     used = output_budget.fitted(requested, await prompt_tokens(serving, parsed) or limit, limit)
     if used is None:
-        return None
+        return {}
     parsed.max_output_tokens = used
     return output_budget.clamp_header(requested, used)
 
@@ -87,40 +94,36 @@ async def sse_events(events):
 
 def dumped(result: Any) -> Any:
     """vLLM's own JSON for its response objects (field aliases, JSON types)."""
-    return result.model_dump(mode="json", by_alias=True) if hasattr(result, "model_dump") else result
+    return result.model_dump(mode="json", by_alias=True)
 
 
-async def send(result: Any, request: Request, headers: dict[str, str] | None = None):
-    if hasattr(result, "__aiter__"):
-        # vLLM's generator itself is closed (the request aborted) when the client goes away
-        request.scope.setdefault("state", {}).setdefault(STREAMS_KEY, []).append(result)
-        result = sse_events(result)
-    return await as_response(result, request, headers, dump=dumped)
+def parser(request: Request, headers: dict[str, str]):
+    async def parse(body: Any) -> Generation:
+        parsed = parse_request(request_type(), adapters_field(request, body))
+        state = engine_state(request)
+        await check_parts(request, state, content_parts(parsed))
+        headers.update(await clamp(state.serving.openai_serving_responses, parsed, body_bytes(body)))
+        return Generation(parsed, responses_call, shape_stream=sse_events, dump=dumped)
+
+    return parse
 
 
 @router.post(CREATE)
 async def create_response(request: Request):
-    parsed, size = await read_request(request, request_type())
-    state = engine_state(request)
-    serving = state.serving.openai_serving_responses
-    await check_parts(request, state, content_parts(parsed))
-    await resolve_model(request, state, parsed)
-    headers = await clamp(request, serving, parsed, size)
-    await take_slot(request, state, parsed)
-    result = await call_serving(serving.create_responses(parsed, request), request)
-    return await send(result, request, headers)
+    headers: dict[str, str] = {}
+    return await serve(request, parser(request, headers), shape=Shape.OPENAI, headers=headers)
 
 
 @router.get(CREATE + "/{response_id}")
 async def retrieve_response(request: Request, response_id: str, starting_after: int | None = None, stream: bool = False):
+    begin(request, Shape.OPENAI)
     serving = engine_state(request).serving.openai_serving_responses
-    result = await call_serving(
-        serving.retrieve_responses(response_id, starting_after=starting_after, stream=stream), request
-    )
-    return await send(result, request)
+    result = await call_serving(serving.retrieve_responses(response_id, starting_after=starting_after, stream=stream), request)
+    return await send(request, result, dumped, sse_events)
 
 
 @router.post(CREATE + "/{response_id}/cancel")
 async def cancel_response(request: Request, response_id: str):
+    begin(request, Shape.OPENAI)
     serving = engine_state(request).serving.openai_serving_responses
-    return await send(await call_serving(serving.cancel_responses(response_id), request), request)
+    return await send(request, await call_serving(serving.cancel_responses(response_id), request), dumped)

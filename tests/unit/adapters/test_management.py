@@ -127,12 +127,14 @@ async def test_a_bin_adapter_is_discovered_fingerprinted_and_loaded(tmp_path, ba
 
 
 def app_for(reg):
-    from lmi_server.api import adapters as routes
+    from lmi_server.api.adapters import routes
     from lmi_server.api.errors import install_error_handlers
 
     app = FastAPI()
-    app.state.adapters = SimpleNamespace(registry=lambda: reg)
-    app.state.config = SimpleNamespace(server=SimpleNamespace(max_request_bytes=1 << 20))
+    app.state.ctx = SimpleNamespace(
+        adapters=SimpleNamespace(registry=lambda: reg),
+        config=SimpleNamespace(server=SimpleNamespace(max_request_bytes=1 << 20)),
+    )
     install_error_handlers(app)
     app.include_router(routes.router)
     return app
@@ -223,7 +225,7 @@ def test_bad_requests_are_named(served, method, path, kwargs, status, message):
 
 
 def test_lora_off_answers_like_lmi():
-    from lmi_server.api import adapters as routes
+    from lmi_server.api.adapters import routes
 
     app = app_for(None)
     r = calls(app, [("GET", "/adapters", {}), ("POST", "/adapters", {"json": {"name": "a", "src": "a"}}),

@@ -15,22 +15,29 @@ from lmi_server.adapters.formatters import Formatters
 from lmi_server.adapters.transforms import isolated_cache_salt
 from pydantic import BaseModel
 
-from lmi_server.api.adapter_routing import STATE_KEY, AdapterLeaseMiddleware, AdapterUse, apply_cache_salt
+from lmi_server.api.adapters.routing import AdapterUse, apply_cache_salt
+from lmi_server.api.admit import RequestScopeMiddleware
+from lmi_server.api.context import REQUEST_KEY, RequestContext, Shape, request_context
 from lmi_server.api.errors import APIError
-from lmi_server.api.lmi_formatters import STATE_KEY as FORMATTER_KEY
-from lmi_server.api.lmi_formatters import respond
+from lmi_server.api.formatting import respond
 
 
 def test_cache_salt_follows_the_requests_adapter():
     entry = SimpleNamespace(cache_identity=lambda: "lora:a:fp1")
-    req = SimpleNamespace(state=SimpleNamespace(**{STATE_KEY: SimpleNamespace(lease=SimpleNamespace(entry=entry))}))
+    app = SimpleNamespace(state=SimpleNamespace(ctx=SimpleNamespace(lora=True)))
+    use = SimpleNamespace(lease=SimpleNamespace(entry=entry))
+    req = SimpleNamespace(app=app, scope={"state": {REQUEST_KEY: RequestContext(adapter=use)}})
     parsed = SimpleNamespace(cache_salt=None)
     apply_cache_salt(req, parsed)
     assert parsed.cache_salt == isolated_cache_salt("lora:a:fp1", None)
-    base = SimpleNamespace(state=SimpleNamespace())
+    base = SimpleNamespace(app=app, scope={"state": {}})
     parsed = SimpleNamespace(cache_salt=None)
     apply_cache_salt(base, parsed)
     assert parsed.cache_salt is None
+    lora_off = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(ctx=SimpleNamespace(lora=False))), scope=req.scope)
+    parsed = SimpleNamespace(cache_salt="client's")
+    apply_cache_salt(lora_off, parsed)
+    assert parsed.cache_salt == "client's"  # LoRA off: the client's own salt, as sent
 
 
 class Completion(BaseModel):
@@ -39,7 +46,8 @@ class Completion(BaseModel):
 
 def _request(fmt, lmi=False):
     formatters = Formatters(response_output=fmt, owner="adapter 'a'")
-    return SimpleNamespace(scope={"state": {FORMATTER_KEY: (formatters, lmi)}})
+    ctx = RequestContext(shape=Shape.LMI if lmi else Shape.OPENAI, formatters=formatters)
+    return SimpleNamespace(scope={"state": {REQUEST_KEY: ctx}})
 
 
 def _respond(request, result, **kw):
@@ -66,7 +74,7 @@ def test_a_formatter_that_edits_the_response_keeps_the_schemas_shape_and_others_
 
     with pytest.raises(APIError) as err:
         _respond(_request(boom, lmi=True), Completion(choices=[{"text": "ab"}]))
-    assert err.value.status == 424 and err.value.body() == {"error": err.value.message, "code": 424}
+    assert err.value.status == 424 and err.value.body(Shape.LMI) == {"error": err.value.message, "code": 424}
 
 
 def _run_stream(fmt, chunks, kind="sse", shape_stream=None):
@@ -180,12 +188,12 @@ def test_the_lease_is_released_when_the_response_fails():
     lease = SimpleNamespace(release=lambda: asyncio.sleep(0, released.append(True)))
 
     async def app(scope, receive, send):
-        scope["state"][STATE_KEY] = AdapterUse("a", lease)
+        request_context(scope).adapter = AdapterUse("a", lease)
         raise RuntimeError("the route failed")
 
     scope = {"type": "http", "state": {}}
     with pytest.raises(RuntimeError):
-        asyncio.run(AdapterLeaseMiddleware(app)(scope, None, None))
+        asyncio.run(RequestScopeMiddleware(app)(scope, None, None))
     assert released == [True]
 
 
@@ -193,14 +201,25 @@ def test_the_lease_is_released_when_the_response_fails():
 
 
 def _naming_request(headers=None, registry=None):
-    from lmi_server.api.adapter_routing import ADAPTER_HEADER
+    from lmi_server.api.adapters.routing import ADAPTER_HEADER
 
     models = SimpleNamespace(base_model_paths=[SimpleNamespace(name="base-model")], is_base_model=lambda m: m == "base-model")
-    app = SimpleNamespace(state=SimpleNamespace(
+    app = SimpleNamespace(state=SimpleNamespace(ctx=SimpleNamespace(
         adapters=SimpleNamespace(registry=lambda: registry),
-        engine_owner=SimpleNamespace(state=SimpleNamespace(serving=SimpleNamespace(openai_serving_models=models))),
-    ))
-    return SimpleNamespace(app=app, headers={ADAPTER_HEADER: headers} if headers else {}, state=SimpleNamespace())
+        owner=SimpleNamespace(state=SimpleNamespace(serving=SimpleNamespace(openai_serving_models=models))),
+    )))
+    return SimpleNamespace(app=app, headers={ADAPTER_HEADER: headers} if headers else {}, scope={"state": {}})
+
+
+async def _resolve_lmi(request, req):
+    """The pipeline's path for an LMI body: the adapter it names in `model` ("lmi" for none), the
+    "lmi" alias, then the resolver."""
+    from lmi_server.api.adapters.routing import lmi_adapter_name, resolve_adapter
+    from lmi_server.api.pipeline import LMI_MODEL_NAME, lmi_model_alias
+
+    parsed = SimpleNamespace(model=lmi_adapter_name(req) or LMI_MODEL_NAME)
+    lmi_model_alias(parsed, request.app.state.ctx.owner.state)
+    return await resolve_adapter(request, parsed)
 
 
 @pytest.mark.parametrize(
@@ -208,10 +227,10 @@ def _naming_request(headers=None, registry=None):
     [("ghost", None), ("ghost", "base-model"), (None, "ghost")],
 )
 def test_with_lora_off_an_openai_request_naming_an_adapter_is_a_404_naming_the_served_model(header, model):
-    from lmi_server.api.adapter_routing import openai_model_resolver
+    from lmi_server.api.adapters.routing import resolve_adapter
 
     with pytest.raises(APIError) as err:
-        asyncio.run(openai_model_resolver(_naming_request(header), SimpleNamespace(model=model)))
+        asyncio.run(resolve_adapter(_naming_request(header), SimpleNamespace(model=model)))
     assert err.value.status == 404 and "'ghost'" in err.value.message and "'base-model'" in err.value.message
     assert "option.enable_lora=false" in err.value.message and err.value.param == "model"
 
@@ -221,34 +240,32 @@ def test_with_lora_off_an_openai_request_naming_an_adapter_is_a_404_naming_the_s
     [("ghost", None, None), (None, "ghost", None), (None, ["ghost"], None), (None, None, "ghost")],
 )
 def test_with_lora_off_an_lmi_request_naming_an_adapter_is_a_404(header, adapters, model):
-    from lmi_server.api.adapter_routing import lmi_model_resolver
-
     with pytest.raises(APIError) as err:
-        asyncio.run(lmi_model_resolver(_naming_request(header), SimpleNamespace(adapters=adapters, model=model)))
-    assert err.value.status == 404 and err.value.lmi and "'ghost'" in err.value.message
+        asyncio.run(_resolve_lmi(_naming_request(header), SimpleNamespace(adapters=adapters, model=model)))
+    assert err.value.status == 404 and err.value.body(Shape.LMI)["code"] == 404 and "'ghost'" in err.value.message
 
 
 @pytest.mark.parametrize("model", [None, "base-model", "lmi"])
 def test_the_base_model_needs_no_adapter(model):
-    from lmi_server.api.adapter_routing import lmi_model_resolver, openai_model_resolver
+    from lmi_server.api.adapters.routing import resolve_adapter
 
-    assert asyncio.run(lmi_model_resolver(_naming_request(), SimpleNamespace(adapters=None, model=model))) is None
-    if model != "lmi":  # the routes map "lmi" to the served name before resolving
-        assert asyncio.run(openai_model_resolver(_naming_request(), SimpleNamespace(model=model))) is None
+    assert asyncio.run(_resolve_lmi(_naming_request(), SimpleNamespace(adapters=None, model=model))) is None
+    if model != "lmi":  # the pipeline maps "lmi" to the served name before resolving
+        assert asyncio.run(resolve_adapter(_naming_request(), SimpleNamespace(model=model))) is None
 
 
 def test_the_adapters_field_names_the_model_of_a_chat_or_completion_body():
-    from lmi_server.api.adapter_routing import adapters_field
+    from lmi_server.api.adapters.routing import adapters_field
 
     body = {"model": "base-model", "prompt": "x", "adapters": "pirate"}
-    assert adapters_field(_naming_request(), body, lmi=False) == {"model": "pirate", "prompt": "x"}
-    assert adapters_field(_naming_request(), {**body, "adapters": ["pirate"]}, lmi=True)["model"] == "pirate"
-    assert adapters_field(_naming_request("shouter"), body, lmi=False) == {"model": "base-model", "prompt": "x"}  # header wins
+    assert adapters_field(_naming_request(), body) == {"model": "pirate", "prompt": "x"}
+    assert adapters_field(_naming_request(), {**body, "adapters": ["pirate"]})["model"] == "pirate"
+    assert adapters_field(_naming_request("shouter"), body) == {"model": "base-model", "prompt": "x"}  # header wins
     lmi_body = {"inputs": "x", "adapters": "pirate"}
-    assert adapters_field(_naming_request(), lmi_body, lmi=True) is lmi_body  # LMI's own schema reads it itself
+    assert adapters_field(_naming_request(), lmi_body) is lmi_body  # LMI's own schema reads it itself
     with pytest.raises(APIError) as err:
-        adapters_field(_naming_request(), {**body, "adapters": ["a", "b"]}, lmi=False)
+        adapters_field(_naming_request(), {**body, "adapters": ["a", "b"]})
     assert err.value.status == 400 and err.value.param == "adapters"
     with pytest.raises(APIError) as err:
-        adapters_field(_naming_request(), {**body, "adapters": 3}, lmi=True)
-    assert err.value.status == 424 and err.value.lmi
+        adapters_field(_naming_request(), {**body, "adapters": 3})
+    assert err.value.status_for(Shape.LMI) == 424 and err.value.body(Shape.LMI)["code"] == 424

@@ -100,7 +100,8 @@ def test_config_output_and_logs_never_show_secrets(tmp_path, capsys, caplog):
 
 
 def test_named_keys_carry_their_tenant_settings(tmp_path):
-    from lmi_server.api.auth import KEY_ENTRY, default_key_name, load_api_key_entries
+    from lmi_server.api.auth import default_key_name, load_api_key_entries
+    from lmi_server.api.context import request_context
 
     (tmp_path / "keys").write_text(
         f"# tenants\nname=alice key={K1} weight=2 requests_per_second=5 tokens_per_minute=600\n{K2}\n"
@@ -112,7 +113,7 @@ def test_named_keys_carry_their_tenant_settings(tmp_path):
     seen = {}
 
     async def inner(scope, receive, send):
-        seen["entry"] = scope["state"][KEY_ENTRY]
+        seen["entry"] = request_context(scope).key_entry
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 

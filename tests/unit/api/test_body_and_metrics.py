@@ -79,7 +79,7 @@ def test_metrics_scrape_of_the_cache_server_does_not_block_the_event_loop():
 
 def test_ping_reports_a_degraded_cache_tier_but_stays_healthy(tmp_path):
     app = create_app(build_serving_config({}, tmp_path), {"model": "x"}, start_engine=False)
-    owner = app.state.engine_owner
+    owner = app.state.ctx.owner
     owner.state.status, owner.state.engine = "ready", SimpleNamespace(errored=False)
     owner.cache_server = SimpleNamespace(degraded="LMCache cache server down (5 restarts so far)")
 

@@ -43,7 +43,7 @@ class FakeEmbedding:
 def app_of(kind_props: dict[str, str], tmp_path, serving=None):
     app = create_app(build_serving_config(kind_props, tmp_path), {"model": "x"}, start_engine=False)
     if serving is not None:
-        owner = app.state.engine_owner
+        owner = app.state.ctx.owner
         owner.state.status, owner.state.engine = "ready", SimpleNamespace(errored=False)
         owner.state.serving = SimpleNamespace(serving_embedding=serving)
     return app
@@ -88,7 +88,7 @@ def test_embedding_routes_on_a_generating_model_say_it_generates(tmp_path, path,
 def test_score_and_rerank_go_to_vllms_scoring(tmp_path):
     scores = FakeEmbedding()
     app = app_of(EMBED, tmp_path, FakeEmbedding())
-    app.state.engine_owner.state.serving.serving_scores = scores
+    app.state.ctx.owner.state.serving.serving_scores = scores
     for path, body in [("/score", {"text_1": "a", "text_2": ["b", "c"]}), ("/v1/rerank", {"query": "a", "documents": ["b"]})]:
         scores.error = ValueError("bad pair")
         r = post(app, path, body)
@@ -156,7 +156,7 @@ def test_health_and_models_routes_are_there_for_every_kind(tmp_path):
 def test_an_embedding_request_counts_its_texts_and_no_generated_tokens_against_rate_limits():
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
 
-    from lmi_server.api.tenants import estimate_tokens
+    from lmi_server.admission import estimate_tokens
 
     assert estimate_tokens(EmbeddingCompletionRequest(input=["a" * 400, "b" * 400])) == 200
     assert estimate_tokens(EmbeddingCompletionRequest(input="a" * 40)) == 10

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from lmi_server.api.errors import APIError
-from lmi_server.api.openai import chat_request_type, reject_foreign_messages
+from lmi_server.api.openai.routes import chat_request_type
+from lmi_server.api.pipeline import reject_foreign_messages
 
 pytestmark = pytest.mark.unit
 

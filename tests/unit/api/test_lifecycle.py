@@ -35,8 +35,8 @@ class FakeOwner:
 
 def app_with(owner):
     server = SimpleNamespace(should_exit=False)
-    state = SimpleNamespace(engine_owner=owner, uvicorn_server=server, exit_code=0, draining=False,
-                            admission=SimpleNamespace(draining=False), config=None)
+    ctx = SimpleNamespace(owner=owner, admission=SimpleNamespace(draining=False), config=None)
+    state = SimpleNamespace(ctx=ctx, uvicorn_server=server, exit_code=0, draining=False)
     return SimpleNamespace(state=state)
 
 

@@ -11,7 +11,7 @@ def test_a_model_level_script_is_loaded_at_start_up(tmp_path):
         "from djl_python.output_formatter import output_formatter\n@output_formatter\ndef f(r):\n    return r\n"
     )
     app = create_app(build_serving_config({}, tmp_path), {"model": "x"}, start_engine=False)
-    assert app.state.model_formatters.response_output is not None
+    assert app.state.ctx.model_formatters.response_output is not None
 
 
 @pytest.mark.parametrize(

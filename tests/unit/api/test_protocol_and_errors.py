@@ -22,8 +22,9 @@ from lmi_server.api.errors import (
     stream_error_event,
     validation_message,
 )
-from lmi_server.api.lmi_protocol import LMIRequest, ParameterError, finish_reason, format_response, stream_jsonlines, to_completion_body
-from lmi_server.api.sagemaker import detect_schema
+from lmi_server.api.sagemaker.lmi_protocol import LMIRequest, ParameterError, finish_reason, format_response, stream_jsonlines, to_completion_body
+from lmi_server.api.context import Shape
+from lmi_server.api.sagemaker.schema import detect_schema
 
 # ---------------------------------------------------------------------------------- LMI protocol
 
@@ -159,13 +160,14 @@ def test_detect_schema_by_validation_in_priority_order():
 def test_detect_schema_errors_name_the_closest_schema():
     with pytest.raises(APIError) as err:  # a bad parameter: 400 naming it
         detect_schema({"inputs": "hi", "parameters": {"max_new_tokens": "many"}})
-    assert err.value.status == 400 and err.value.lmi and "max_new_tokens" in err.value.message
+    assert err.value.status == 400 and err.value.body(Shape.LMI)["code"] == 400 and "max_new_tokens" in err.value.message
     with pytest.raises(APIError) as err:  # a bad envelope: LMI's "Input parsing failed", 424
         detect_schema({"inputs": 5})
     assert err.value.status == 424 and err.value.message.startswith("Input parsing failed")
     with pytest.raises(APIError) as err:
         detect_schema({"messages": "not a list"})
-    assert err.value.status == 424 and "invalid chat request" in err.value.message and err.value.lmi
+    assert err.value.status == 424 and "invalid chat request" in err.value.message
+    assert err.value.body(Shape.LMI) == {"error": err.value.message, "code": 424}
     with pytest.raises(APIError) as err:
         detect_schema({"question": "hi"})
     assert err.value.status == 424 and "matches none" in err.value.message
@@ -179,10 +181,17 @@ def test_detect_schema_errors_name_the_closest_schema():
 
 def test_error_bodies_in_each_schema():
     assert APIError(404, "gone", param="model").body() == {"error": {"message": "gone", "type": "NotFoundError", "code": 404, "param": "model"}}
-    assert APIError(424, "bad", lmi=True).body() == {"error": "bad", "code": 424}
+    assert APIError(424, "bad").body(Shape.LMI) == {"error": "bad", "code": 424}
+    assert APIError(424, "bad").body(Shape.TGI) == {"error": "bad", "code": 424}
+    anthropic = {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}
+    assert APIError(400, "bad").body(Shape.ANTHROPIC) == anthropic
+    assert APIError(429, "slow").body(Shape.ANTHROPIC)["error"]["type"] == "rate_limit_error"
+    too_long = APIError(400, "long", lmi_status=424)  # one failure, another status on LMI's routes
+    assert (too_long.status_for(Shape.OPENAI), too_long.status_for(Shape.LMI)) == (400, 424)
+    assert too_long.response(Shape.LMI).status_code == 424
     assert APIError(418, "tea").body()["error"]["type"] == "ServerError"
-    assert stream_error_event(APIError(424, "x"), "sse") == b'data: {"error": {"message": "x", "type": "FailedDependencyError", "code": 424}}\n\n'
-    assert stream_error_event(APIError(424, "x", lmi=True), "jsonl") == b'{"error": "x", "code": 424}\n'
+    assert stream_error_event(APIError(424, "x"), Shape.OPENAI, "sse") == b'data: {"error": {"message": "x", "type": "FailedDependencyError", "code": 424}}\n\n'
+    assert stream_error_event(APIError(424, "x"), Shape.LMI, "jsonl") == b'{"error": "x", "code": 424}\n'
 
 
 def test_validation_message_lists_the_first_problems():
@@ -199,7 +208,7 @@ def test_vllm_error_responses_keep_their_status_except_in_the_lmi_schema():
         error = Err()
 
     assert from_vllm_error(Response()).status == 400
-    assert from_vllm_error(Response(), lmi=True).status == 424  # LMI's CI: input too long is a 424
+    assert from_vllm_error(Response()).status_for(Shape.LMI) == 424  # LMI's CI: input too long is a 424
 
     class BadValue:
         code, message, param = 400, "temperature must be non-negative", "temperature"
@@ -207,7 +216,7 @@ def test_vllm_error_responses_keep_their_status_except_in_the_lmi_schema():
     class ValueResponse:
         error = BadValue()
 
-    assert from_vllm_error(ValueResponse(), lmi=True).status == 400  # a bad value stays vLLM's 400
+    assert from_vllm_error(ValueResponse()).status_for(Shape.LMI) == 400  # a bad value stays vLLM's 400
 
 
 @pytest.mark.parametrize("exc, status", [
@@ -279,7 +288,7 @@ def test_json_depth_is_measured_without_recursion():
 
 
 def test_tgi_compat_shapes_a_list_and_server_sent_events():
-    from lmi_server.api.lmi_protocol import as_sse, tgi_list
+    from lmi_server.api.sagemaker.lmi_protocol import as_sse, tgi_list
 
     assert tgi_list({"generated_text": "a"}) == [{"generated_text": "a"}]
     assert tgi_list([{"generated_text": "a"}]) == [{"generated_text": "a"}]

@@ -1,5 +1,6 @@
 import pytest
 
+from lmi_server.api.context import Shape
 from lmi_server.api.errors import APIError
 from lmi_server.api.sessions import SessionStore
 
@@ -128,4 +129,4 @@ def test_new_session_is_announced_in_both_headers_and_an_expired_one_is_served_w
     assert asyncio.run(hook(_hook_request(session_id), {"inputs": "x"})) is None  # LMI: served, sessionless
     with pytest.raises(APIError) as err:
         asyncio.run(hook(_hook_request("Q" * 43), {"inputs": "x"}))
-    assert err.value.status == 424 and err.value.body() == {"error": err.value.message, "code": 424}
+    assert err.value.status == 424 and err.value.body(Shape.LMI) == {"error": err.value.message, "code": 424}

@@ -10,7 +10,7 @@ import sys
 def test_importing_the_api_keeps_the_logging_configuration():
     code = (
         "import logging; logging.basicConfig(level=logging.INFO)\n"
-        "import lmi_server.api.app, lmi_server.api.sessions, lmi_server.api.adapter_routing\n"
+        "import lmi_server.api.app, lmi_server.api.sessions, lmi_server.api.adapters.routing\n"
         "root = logging.getLogger()\n"
         "print(root.level, [h.level for h in root.handlers])\n"
     )
@@ -19,7 +19,7 @@ def test_importing_the_api_keeps_the_logging_configuration():
 
 
 def test_sagemaker_header_names_come_from_the_standards_package():
-    from lmi_server.api.adapter_routing import ADAPTER_HEADER
+    from lmi_server.api.adapters.routing import ADAPTER_HEADER
     from lmi_server.api.sessions import CLOSED_SESSION_HEADER, NEW_SESSION_HEADER, SESSION_HEADER
 
     assert ADAPTER_HEADER == "x-amzn-sagemaker-adapter-identifier"

@@ -21,6 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from djl_python.async_utils import Chunk
 from djl_python.inputs import Input
 from djl_python.outputs import Output
+from lmi_server.api.context import Shape, app_context
 from lmi_server.api.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,9 @@ def _body(item: Any) -> bytes:
 def _error(output: Output) -> APIError | None:
     for _, item in output.content:
         if isinstance(item, Chunk) and (item.error or (item.code and item.code >= 400)):
-            return APIError(item.code or 500, item.error or "the custom handler reported an error", lmi=True)
+            return APIError(item.code or 500, item.error or "the custom handler reported an error")
     if output.code >= 400:
-        return APIError(output.code, output.message or "the custom handler reported an error", lmi=True)
+        return APIError(output.code, output.message or "the custom handler reported an error")
     return None
 
 
@@ -70,7 +71,7 @@ async def _stream(outputs) -> Any:
     async for output in outputs:
         error = _error(output)
         if error is not None:
-            yield (json.dumps(error.body()) + "\n").encode()
+            yield (json.dumps(error.body(Shape.LMI)) + "\n").encode()
             return
         for _, item in output.content:
             yield _body(item)
@@ -79,18 +80,18 @@ async def _stream(outputs) -> Any:
 async def run_custom_handler(request: Request, handler: Any, raw: bytes) -> Response | None:
     headers = {k: v for k, v in request.headers.items()}
     headers.setdefault("Content-Type", request.headers.get("content-type", "application/json"))
-    inputs = Input(raw, {**request.app.state.handler_properties, **headers})
+    inputs = Input(raw, {**app_context(request).handler_properties, **headers})
     try:
         result = handler(inputs)
         if inspect.isawaitable(result):
             result = await result
     except Exception as exc:  # noqa: BLE001 - the script's own failure, reported as LMI does
         log.exception("custom handler failed")
-        raise APIError(424, f"Custom handler failed: {type(exc).__name__}: {exc}", lmi=True) from None
+        raise APIError(424, f"Custom handler failed: {type(exc).__name__}: {exc}") from None
     if result is None:
         return None
     if isinstance(result, Output):
         return to_response(result)
     if hasattr(result, "__aiter__"):
         return StreamingResponse(_stream(result), media_type="application/jsonlines")
-    raise APIError(424, f"Custom handler failed: handle() returned {type(result).__name__}; return an Output or None", lmi=True)
+    raise APIError(424, f"Custom handler failed: handle() returned {type(result).__name__}; return an Output or None")

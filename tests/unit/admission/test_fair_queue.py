@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmi_server.api.fair_queue import FairQueue, Limits, RateLimiter, TokenBucket
+from lmi_server.admission import FairQueue, Limits, RateLimiter, TokenBucket
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,6 @@
 """Who a request belongs to, how much it weighs, how urgent it is, and whether its tenant's rate
-limits let it in. Built once at start-up (`Tenants.from_config`) and used by `generation.admit`.
+limits let it in. Built once at start-up (`Tenants.from_config`) and used by the request pipeline
+(`api/admit.py`). No HTTP here: the caller hands in the headers and what it knows of the request.
 
 Tenant identity comes from the server's own view of the request, never from its body: the named
 API key that authenticated it (api/auth.py), else the adapter that routing resolved for it (a
@@ -20,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmi_server.api.admission import BadPriority
-from lmi_server.api.auth import KEY_ENTRY, KeyEntry
-from lmi_server.api.fair_queue import DEFAULT_TENANT, Limits, RateLimiter
+from lmi_server.admission.controller import BadPriority
+from lmi_server.admission.limits import Limits, RateLimiter
+from lmi_server.admission.queue import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class Tenants:
         self.limiter = RateLimiter(self.limits, self.clock)
 
     @classmethod
-    def from_config(cls, cfg: Any, entries: list[KeyEntry]) -> "Tenants":
+    def from_config(cls, cfg: Any, entries: list[Any]) -> "Tenants":
+        """`entries`: the API keys' entries (name, weight, requests_per_second, tokens_per_minute)."""
         opts = cfg.tenants
         weights = dict(opts.tenant_weights)
         key_limits: dict[str, Limits] = {}
@@ -68,11 +70,10 @@ class Tenants:
     def limits(self, tenant: str) -> Limits:
         return self.key_limits.get(tenant, self.default_limits)
 
-    def identify(self, scope: dict, headers: Any, adapter: str | None) -> str:
+    def identify(self, key_name: str | None, headers: Any, adapter: str | None) -> str:
         """The request's tenant: named key, else adapter, else the operator's header, else default."""
-        entry = scope.get("state", {}).get(KEY_ENTRY)
-        if entry is not None:
-            return entry.name
+        if key_name is not None:
+            return key_name
         if adapter:
             return adapter
         if self.header:

@@ -20,9 +20,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
 
+from lmi_server.api.admit import admit
 from lmi_server.api.body import read_json_body
+from lmi_server.api.context import Shape, app_context, begin
+from lmi_server.api.engine_calls import engine_state, until_disconnect
 from lmi_server.api.errors import APIError, from_serving_exception, validated, validation_message
-from lmi_server.api.generation import admit, engine_state, until_disconnect
 
 router = APIRouter()
 
@@ -63,24 +65,25 @@ def _embedding_request_type():
     return EmbeddingCompletionRequest
 
 
-async def embed(request: Request, parsed: Any, *, lmi: bool, serving: str = "serving_embedding") -> Response:
+async def embed(request: Request, parsed: Any, *, serving: str = "serving_embedding") -> Response:
     """Run one request through one of vLLM's pooling serving objects (ServingEmbedding unless told:
     ServingScores for /score and /rerank); its response as vLLM builds it."""
     state = engine_state(request)
-    await admit(request, state, lmi=lmi, parsed=parsed)
+    await admit(request, state, parsed)
     try:
         return await until_disconnect(getattr(state.serving, serving)(parsed, request), request)
     except APIError:
         raise
     except Exception as exc:  # noqa: BLE001 - vLLM's serving layer raises its client errors
-        mapped = from_serving_exception(exc, lmi=lmi)
+        mapped = from_serving_exception(exc)
         if mapped is None:
             raise
         raise mapped from None
 
 
 async def _read_openai_body(request: Request, adapter: TypeAdapter) -> Any:
-    body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
+    begin(request, Shape.OPENAI)
+    body = await read_json_body(request, app_context(request).config.server.max_request_bytes)
     engine_state(request)  # 503 first: nothing can run before the engine is ready
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
@@ -89,7 +92,7 @@ async def _read_openai_body(request: Request, adapter: TypeAdapter) -> Any:
 
 @router.post("/v1/embeddings")
 async def create_embeddings(request: Request):
-    return await embed(request, await _read_openai_body(request, _openai_request_adapter()), lmi=False)
+    return await embed(request, await _read_openai_body(request, _openai_request_adapter()))
 
 
 @functools.cache
@@ -110,7 +113,7 @@ def _rerank_adapter() -> TypeAdapter:
 @router.post("/v1/score")
 async def score(request: Request):
     """vLLM's score API: for an embedding model, the cosine similarity of each pair's embeddings."""
-    return await embed(request, await _read_openai_body(request, _score_adapter()), lmi=False, serving="serving_scores")
+    return await embed(request, await _read_openai_body(request, _score_adapter()), serving="serving_scores")
 
 
 @router.post("/rerank")
@@ -118,31 +121,29 @@ async def score(request: Request):
 @router.post("/v2/rerank")
 async def rerank(request: Request):
     """vLLM's (Jina/Cohere-style) rerank API: documents ordered by similarity to the query."""
-    return await embed(request, await _read_openai_body(request, _rerank_adapter()), lmi=False, serving="serving_scores")
+    return await embed(request, await _read_openai_body(request, _rerank_adapter()), serving="serving_scores")
 
 
 def lmi_embedding_request(body: Any, model: str | None) -> Any:
     """LMI's body -> vLLM's embedding request, or a 400 that says what /invocations takes here."""
     if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object: {\"inputs\": \"text\" | [\"text\", ...]}", lmi=True)
+        raise APIError(400, "request body must be a JSON object: {\"inputs\": \"text\" | [\"text\", ...]}")
     if "inputs" not in body:
         what = "a chat request" if "messages" in body else "a completion request" if "prompt" in body else "this body"
         raise APIError(
             400,
             f"this model embeds text; it does not generate, so {what} cannot be served: send "
             "{\"inputs\": \"text\" | [\"text\", ...]} (or OpenAI's POST /v1/embeddings)",
-            lmi=True,
         )
     try:
         lmi_req = LMIEmbeddingRequest.model_validate(body)
     except ValidationError as exc:
         raise APIError(
             400, f"invalid embedding request: {validation_message(exc.errors())}; send {{\"inputs\": \"text\" | [\"text\", ...]}}",
-            lmi=True,
         ) from None
     texts = lmi_req.texts()
     if not texts:
-        raise APIError(400, "inputs is an empty list: send at least one text", lmi=True)
+        raise APIError(400, "inputs is an empty list: send at least one text")
     params = lmi_req.parameters.model_dump(exclude_none=True)
     return _embedding_request_type()(input=texts, model=model, **params)
 
@@ -180,15 +181,13 @@ def vectors(response: Response) -> list[Any]:
 async def invocations(request: Request):
     """LMI's `{"inputs": ...}` -> a list of vectors; OpenAI's `{"input": ...}` (as vLLM's own
     SageMaker route takes it) -> OpenAI's embedding response."""
+    begin(request, Shape.LMI)
     try:
-        body = await read_json_body(request, request.app.state.config.server.max_request_bytes)
+        body = await read_json_body(request, app_context(request).config.server.max_request_bytes)
         if isinstance(body, dict) and "input" in body and "inputs" not in body:
             parsed = _openai_request_adapter().validate_python(body)
-            return await embed(request, parsed, lmi=True)
+            return await embed(request, parsed)
         parsed = lmi_embedding_request(body, None)  # no model: vLLM answers with the served name
-        return JSONResponse(vectors(await embed(request, parsed, lmi=True)))
-    except APIError as exc:
-        exc.lmi = True
-        raise
+        return JSONResponse(vectors(await embed(request, parsed)))
     except ValidationError as exc:
-        raise APIError(400, f"invalid embedding request: {validation_message(exc.errors())}", lmi=True) from None
+        raise APIError(400, f"invalid embedding request: {validation_message(exc.errors())}") from None

@@ -6,8 +6,9 @@ latency grows without limit and a client cannot tell a busy server from a slow o
 that sends hundreds of requests at once would put everyone else behind all of them. Here, at most
 `slots` requests (the engine's `max_num_seqs`: what it can run at once) are in the engine; up to
 `queue_size` more wait here. When a slot frees it goes to the next request in fair order across
-tenants (`fair_queue.FairQueue`: weighted, priority first, FIFO within a tenant; policy "fifo"
-keeps one arrival order for all). Refusals: the queue full, 503 with Retry-After (LMI's status for
+tenants (`queue.FairQueue` in the order of the policy named by option.admission_policy,
+`policy.py`: "fair" is weighted, priority first, FIFO within a tenant; "fifo" keeps one arrival
+order for all). Refusals: the queue full, 503 with Retry-After (LMI's status for
 a full job queue); one tenant holding its share of the queue (`tenant_queue_share`), 429; a request
 that waited longer than `max_wait_s`, 503, before it reaches the engine; a draining server, 503.
 
@@ -27,9 +28,8 @@ enforced by one timer (the earliest deadline) and checked again whenever a slot 
 request arrives, so a slot freed after a waiter's deadline never admits it. (asyncio.wait_for's
 timer alone fired 43 s late under a fast stream; see README, Reliability.)
 
-A ticket is held from admission until the response has been sent (streams included); the app's
-`AdmissionReleaseMiddleware` releases it whatever happens (client gone, error, cancellation) and
-adds the tenant's rate-limit headers to the response.
+A ticket is held from admission until the response has been sent (streams included); the HTTP
+layer releases it whatever happens (client gone, error, cancellation). No HTTP here.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from lmi_server.api.fair_queue import DEFAULT_TENANT, Entry, FairQueue, Policy
-from lmi_server.config.options import default_reserved_slots
+from lmi_server.admission.policy import policy_named
+from lmi_server.admission.queue import DEFAULT_TENANT, Entry, FairQueue
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,6 @@ TENANT_WAIT = Histogram(
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 
-TICKET_KEY = "lmi_admission_ticket"
-HEADERS_KEY = "lmi_response_headers"
 PRESENCE_S = 60.0
 """A tenant counts as present this long after its last request (for slot reservation)."""
 PREFILLS_BEYOND_SHARE = 1
@@ -79,7 +77,7 @@ MAX_TENANT_LABELS = 100
 
 class Rejected(Exception):
     """Refused before reaching the engine. `reason`: queue_full, queue_timeout, draining (503),
-    tenant_queue_full or rate_limited (429). api/errors.py maps it to HTTP."""
+    tenant_queue_full or rate_limited (429). The HTTP layer (api/errors.py) maps it."""
 
     STATUS = {"tenant_queue_full": 429, "rate_limited": 429}
 
@@ -164,7 +162,8 @@ class Admission:
     max_wait_s: float | None = None
     slots: int | None = None
     """None until the engine tells its max_num_seqs (`set_slots`)."""
-    policy: Policy = "fair"
+    policy: str = "fair"
+    """The name of a registered policy (`policy.POLICIES`): "fair" or "fifo"."""
     tenant_queue_share: float = 1.0
     """Share of queue_size one tenant may fill; its requests past that get 429."""
     reserved_slots: int | None = None
@@ -183,7 +182,8 @@ class Admission:
     _timer: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
-        self._queue = FairQueue(self.policy, lambda tenant: self.weights.get(tenant, 1.0))
+        self._policy = policy_named(self.policy)
+        self._queue = FairQueue(self._policy, lambda tenant: self.weights.get(tenant, 1.0))
 
     # ------------------------------------------------------------------ state
     @property
@@ -205,10 +205,7 @@ class Admission:
         return self.slots is None or self.active < self.slots
 
     def _reserve(self) -> int:
-        if self.policy != "fair" or self.slots is None:
-            return 0
-        reserve = self.reserved_slots if self.reserved_slots is not None else default_reserved_slots(self.slots)
-        return min(reserve, self.slots - 1)
+        return self._policy.reserve(self.slots, self.reserved_slots)
 
     def _present(self, now: float) -> list[str]:
         """Tenants with requests in flight or waiting, or one sent within PRESENCE_S."""
@@ -393,32 +390,3 @@ class Admission:
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         return not self.in_flight
-
-
-class AdmissionReleaseMiddleware:
-    """Releases the request's admission ticket once the response is over, however it ended, and
-    adds the headers the request collected on its way (the tenant's rate-limit headers)."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start":
-                extra = scope.get("state", {}).get(HEADERS_KEY)
-                if extra:
-                    present = {k.lower() for k, _ in message.get("headers", [])}
-                    added = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items() if k.encode("latin-1") not in present]
-                    message = {**message, "headers": list(message.get("headers", [])) + added}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            ticket = scope.get("state", {}).get(TICKET_KEY)
-            if ticket is not None:
-                ticket.release()

@@ -7,9 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lmi_server.api.admission import BadPriority
-from lmi_server.api.auth import KEY_ENTRY, KeyEntry
-from lmi_server.api.tenants import Tenants, estimate_tokens, parse_priority
+from lmi_server.admission import BadPriority, Tenants, estimate_tokens, parse_priority
+from lmi_server.api.auth import KeyEntry  # the API keys a tenant is named by (HTTP layer)
 from lmi_server.config.schema import ConfigError, build_serving_config
 
 pytestmark = pytest.mark.unit
@@ -17,12 +16,11 @@ pytestmark = pytest.mark.unit
 
 def test_tenant_is_the_key_else_the_adapter_else_the_header_else_default():
     t = Tenants(header="x-tenant-id")
-    keyed = {"state": {KEY_ENTRY: KeyEntry(key="k" * 10, name="alice")}}
-    assert t.identify(keyed, {"x-tenant-id": "mallory"}, "pirate") == "alice"  # the header cannot override a key
-    assert t.identify({}, {"x-tenant-id": "mallory"}, "pirate") == "pirate"
-    assert t.identify({}, {"x-tenant-id": "team a/\n" + "x" * 100}, None) == "team_a__" + "x" * 56
-    assert t.identify({}, {}, None) == "default"
-    assert Tenants().identify({}, {"x-tenant-id": "mallory"}, None) == "default"  # no header configured
+    assert t.identify("alice", {"x-tenant-id": "mallory"}, "pirate") == "alice"  # the header cannot override a key
+    assert t.identify(None, {"x-tenant-id": "mallory"}, "pirate") == "pirate"
+    assert t.identify(None, {"x-tenant-id": "team a/\n" + "x" * 100}, None) == "team_a__" + "x" * 56
+    assert t.identify(None, {}, None) == "default"
+    assert Tenants().identify(None, {"x-tenant-id": "mallory"}, None) == "default"  # no header configured
 
 
 def test_priority_from_header_or_body():

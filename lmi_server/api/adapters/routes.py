@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from lmi_server.api.body import read_json_body
+from lmi_server.api.context import app_context
 from lmi_server.api.errors import APIError, validation_message
 
 router = APIRouter()
@@ -58,7 +59,7 @@ class ListPage(BaseModel):
 
 
 def _registry(request: Request, *, required: bool):
-    registry = request.app.state.adapters.registry()
+    registry = app_context(request).adapters.registry()
     if registry is None and required:
         raise APIError(400, LORA_OFF)
     return registry
@@ -68,7 +69,7 @@ async def _fields(request: Request, model: type[BaseModel], example: str):
     """Query parameters and a JSON body (the body wins), validated against `model`."""
     raw: dict[str, Any] = dict(request.query_params)
     if (request.headers.get("content-length") or "0") != "0" or request.headers.get("transfer-encoding"):
-        data = await read_json_body(request, request.app.state.config.server.max_request_bytes)
+        data = await read_json_body(request, app_context(request).config.server.max_request_bytes)
         if not isinstance(data, dict):
             raise APIError(400, f"request body must be a JSON object, for example {example}")
         raw.update(data)

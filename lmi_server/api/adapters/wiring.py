@@ -1,8 +1,8 @@
-"""Wiring the adapter registry into the app, from the one wiring point (`create_app`): routes,
-resolvers and the lease middleware are installed there (`install`), and the registry is built
-once, when the engine becomes ready (an `EngineOwner.on_ready` hook, so no request sees a ready
-engine without its registry); an engine rebuilt after it died gets the same registry, re-pointed.
-Routers read it from `app.state.adapters`.
+"""Wiring the adapter registry into the app, from the one wiring point (`create_app`): the
+adapter routes are installed there (`install`), and the registry is built once, when the engine
+becomes ready (an `EngineOwner.on_ready` hook, so no request sees a ready engine without its
+registry); an engine rebuilt after it died gets the same registry, re-pointed. Routers and the
+pipeline read it from the app's context (`AppContext.adapters`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ from fastapi import FastAPI
 from lmi_server.adapters.registry import AdapterRegistry
 from lmi_server.adapters.validation import base_model_info
 from lmi_server.adapters.vllm_backend import VLLMBackend, with_adapter_listing
-from lmi_server.api import adapters as adapter_routes
-from lmi_server.api.adapter_routing import (
-    AdapterLeaseMiddleware,
-    apply_cache_salt,
-    lmi_model_resolver,
-    openai_model_resolver,
-)
+from lmi_server.api.adapters import routes as adapter_routes
+from lmi_server.api.context import AppContext
 from lmi_server.api.errors import APIError, engine_unavailable
 
 log = logging.getLogger(__name__)
@@ -112,15 +107,9 @@ class AdapterState:
         raise APIError(503, f"adapter registry unavailable: {self._error or 'not built yet'}")
 
 
-def install(app: FastAPI) -> None:
-    """Adapter routes, resolvers and lease middleware. The resolvers are installed whether LoRA is
-    on or off: with it off, a request that names an adapter is a 404, not the base model's answer."""
-    adapters = AdapterState(app.state.config, app.state.engine_owner)
-    app.state.adapters = adapters
-    app.state.engine_owner.on_ready.append(adapters.build)
-    app.state.model_resolver = openai_model_resolver
-    app.state.lmi_model_resolver = lmi_model_resolver
-    if adapters.enabled:
-        app.state.cache_salter = apply_cache_salt  # KV reuse isolated per adapter and weights
-    app.add_middleware(AdapterLeaseMiddleware)
+def install(app: FastAPI, ctx: AppContext) -> None:
+    """Adapter state and routes. The pipeline resolves adapters whether LoRA is on or off: with it
+    off, a request that names an adapter is a 404, not the base model's answer."""
+    ctx.adapters = AdapterState(ctx.config, ctx.owner)
+    ctx.owner.on_ready.append(ctx.adapters.build)
     app.include_router(adapter_routes.router)

@@ -11,7 +11,7 @@ Which script applies: the adapter named by the request (header `X-Amzn-SageMaker
 else the body's `adapters`, else an OpenAI `model` naming an adapter), per direction, when its
 model.py has a formatter for that direction; else the model directory's model.py. A formatter
 that fails is LMI's 424 (before the response starts; later, an error event ends the stream and
-the generation is aborted).
+the generation is aborted). Errors take the request's shape (api/errors.py).
 """
 
 from __future__ import annotations
@@ -25,13 +25,24 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lmi_server.adapters.formatters import FormatterError, Formatters
-from lmi_server.api.adapter_routing import ADAPTER_HEADER, STREAMS_KEY, close_streams
+from lmi_server.api.context import RequestContext, Shape, app_context, request_context
 from lmi_server.api.errors import APIError, stream_error_event
+from lmi_server.api.standards import ADAPTER_HEADER
 
 log = logging.getLogger(__name__)
 
-STATE_KEY = "lmi_response_formatter"
 NO_FORMATTERS = Formatters(owner="the model")
+
+
+async def close_streams(ctx: RequestContext) -> None:
+    """Close the response's generators, outermost first: vLLM's generator, closed, aborts the
+    request in the engine (AsyncLLM.generate catches GeneratorExit and calls abort)."""
+    streams, ctx.streams = ctx.streams, []
+    for gen in reversed(streams):
+        try:
+            await gen.aclose()
+        except Exception:  # noqa: BLE001 - closing is best effort; the engine side logs its own
+            log.debug("closing a response stream failed", exc_info=True)
 
 
 def _adapter_named(request: Request, body: Any) -> str | None:
@@ -52,7 +63,7 @@ def _adapter_named(request: Request, body: Any) -> str | None:
 def _adapter_formatters(request: Request, name: str | None) -> Formatters | None:
     if name is None:
         return None
-    manager = getattr(request.app.state, "adapters", None)
+    manager = app_context(request).adapters
     try:
         registry = manager.registry() if manager is not None else None
         return registry.get(name).formatters if registry is not None else None
@@ -61,32 +72,28 @@ def _adapter_formatters(request: Request, name: str | None) -> Formatters | None
 
 
 def _tokenizer(request: Request) -> Any:
-    engine = getattr(request.app.state.engine_owner.state, "engine", None)
+    engine = getattr(app_context(request).owner.state, "engine", None)
     try:
         return engine.get_tokenizer() if engine is not None else None
     except Exception:  # noqa: BLE001 - a formatter that needs it will say so itself
         return None
 
 
-def apply_payload_formatter(request: Request, body: Any, *, lmi: bool) -> Any:
+def apply_payload_formatter(request: Request, body: Any) -> Any:
     """The body as the payload formatter returns it; records which response formatter applies."""
-    model_level: Formatters = getattr(request.app.state, "model_formatters", None) or NO_FORMATTERS
+    model_level: Formatters = app_context(request).model_formatters or NO_FORMATTERS
     adapter = _adapter_formatters(request, _adapter_named(request, body))
     source_in = adapter if adapter is not None and adapter.has_input else model_level
     source_out = adapter if adapter is not None and adapter.has_output else model_level
     if source_out.response_output is not None:
-        request.scope.setdefault("state", {})[STATE_KEY] = (source_out, lmi)
+        request_context(request).formatters = source_out
     if source_in.payload_input is None:
         return body
     try:
         return source_in.format_payload(body, tokenizer=_tokenizer(request))
     except FormatterError as exc:
         log.warning("formatters: %s", exc)
-        raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
-
-
-def response_formatter(request: Request) -> tuple[Formatters, bool] | None:
-    return request.scope.get("state", {}).get(STATE_KEY)
+        raise APIError(424, f"Custom formatter failed: {exc}") from None
 
 
 def _encode(value: Any) -> bytes | None:
@@ -172,10 +179,9 @@ class _ChunkFormatting:
         return item if item.endswith(b"\n") else item + b"\n"
 
 
-async def _formatted_stream(request: Request, source: AsyncIterator[Any], formatters: Formatters, kind: str, lmi: bool):
+async def _formatted_stream(ctx: RequestContext, source: AsyncIterator[Any], formatters: Formatters, kind: str):
     """(mode, stream): the formatter runs on chunks until its first output is known, so that a
     formatter failing at once makes the whole response a 424; later failures end the stream."""
-    state = request.scope.setdefault("state", {})
     fmt = _ChunkFormatting(formatters, kind)
     chunks = source.__aiter__()
     pending: list[tuple[str, Any]] = []
@@ -190,8 +196,8 @@ async def _formatted_stream(request: Request, source: AsyncIterator[Any], format
             pending.extend(fmt.items(chunk))
     except FormatterError as exc:
         log.warning("formatters: %s", exc)
-        await close_streams(state)  # stop generating: abort the request in the engine
-        raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
+        await close_streams(ctx)  # stop generating: abort the request in the engine
+        raise APIError(424, f"Custom formatter failed: {exc}") from None
     mode = fmt.mode or "edit"
 
     async def rest():
@@ -208,9 +214,11 @@ async def _formatted_stream(request: Request, source: AsyncIterator[Any], format
                     yield item
         except FormatterError as exc:
             log.warning("formatters: %s", exc)
-            error = APIError(424, f"Custom formatter failed: {exc}", lmi=lmi or kind == "jsonl")
-            yield ("sse", stream_error_event(error, "sse").decode()) if mode == "edit" else ("raw", stream_error_event(error, "jsonl"))
-            await close_streams(state)
+            error = APIError(424, f"Custom formatter failed: {exc}")
+            shape = ctx.shape if kind == "sse" else Shape.LMI  # a jsonlines stream is LMI's
+            event = stream_error_event(error, shape, "sse" if mode == "edit" else "jsonl")
+            yield ("sse", event.decode()) if mode == "edit" else ("raw", event)
+            await close_streams(ctx)
 
     if mode == "edit":
         async def edited():
@@ -229,8 +237,8 @@ async def _encoded(body: AsyncIterator[Any]) -> AsyncIterator[bytes]:
         yield chunk if isinstance(chunk, bytes) else str(chunk).encode("utf-8")
 
 
-def _track(request: Request, gen: Any) -> Any:
-    request.scope.setdefault("state", {}).setdefault(STREAMS_KEY, []).append(gen)
+def _track(ctx: RequestContext, gen: Any) -> Any:
+    ctx.streams.append(gen)
     return gen
 
 
@@ -248,8 +256,8 @@ async def respond(
     """The one way out: vLLM's result -> output formatter (if any) -> the schema's shape ->
     response. `kind` is the stream's wire format ("sse" or "jsonl"); `wrap` sees the body last
     (the admission ticket's first-token hook); `dump` turns a response object into JSON values."""
-    found = response_formatter(request)
-    formatters, lmi = found if found is not None else (None, kind == "jsonl")
+    ctx = request_context(request)
+    formatters = ctx.formatters
     media = "text/event-stream" if kind == "sse" else "application/jsonlines"
     if not (isinstance(result, AsyncIterator) or hasattr(result, "__aiter__")):
         value = result
@@ -258,14 +266,14 @@ async def respond(
                 value = formatters.format_response(result)
             except FormatterError as exc:
                 log.warning("formatters: %s", exc)
-                raise APIError(424, f"Custom formatter failed: {exc}", lmi=lmi) from None
+                raise APIError(424, f"Custom formatter failed: {exc}") from None
             if not isinstance(value, type(result)):
                 return _sent_as_is(value, headers)
         return JSONResponse(shape_json(dump(value)), headers=headers)
-    _track(request, result)
+    _track(ctx, result)
     if formatters is None:
-        body = _encoded(_track(request, shape_stream(result)))
+        body = _encoded(_track(ctx, shape_stream(result)))
     else:
-        mode, formatted = await _formatted_stream(request, result, formatters, kind, lmi)
-        body = _encoded(_track(request, shape_stream(formatted))) if mode == "edit" else formatted
+        mode, formatted = await _formatted_stream(ctx, result, formatters, kind)
+        body = _encoded(_track(ctx, shape_stream(formatted))) if mode == "edit" else formatted
     return StreamingResponse(wrap(body), media_type=media, headers=headers)

@@ -4,11 +4,11 @@
 A router in front of the replicas (vllm-router's kv_aware policy) asks for them to match a prompt
 against the KV blocks each replica holds. The work is vLLM's: its route functions
 (`vllm/entrypoints/scale_out/render/api_router.py`) and its `ServingRender`, which vLLM's
-`init_app_state` builds for a generating model. Here the body is read and validated as on the
-other OpenAI routes (size limit, 503 before the engine is ready, LMI's input formatter, content
-parts and media checked, `"model": "lmi"`), and the handler of the running engine is handed to
-vLLM's route function. The API-key middleware covers these paths as it covers every path but the
-health checks. Rendering takes no engine slot: it tokenizes, it does not generate.
+`init_app_state` builds for a generating model. Here the body goes through the pipeline's first
+stages (size limit, 503 before the engine is ready, LMI's input formatter, content parts and media
+checked, `"model": "lmi"`), and the handler of the running engine is handed to vLLM's route
+function. The API-key middleware covers these paths as it covers every path but the health checks.
+Rendering takes no engine slot: it tokenizes, it does not generate.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from lmi_server.api.generation import call_serving
-from lmi_server.api.openai import _read_and_parse, chat_request_type, check_messages_and_model, completion_request_type
+from lmi_server.api.context import Shape, begin
+from lmi_server.api.engine_calls import call_serving
+from lmi_server.api.openai.routes import chat_request_type, completion_request_type, parse_request
+from lmi_server.api.pipeline import check_request, read_checked
 
 CHAT_RENDER = "/v1/chat/completions/render"
 COMPLETION_RENDER = "/v1/completions/render"
@@ -28,9 +30,10 @@ router = APIRouter()
 
 
 async def _render(request: Request, request_type: Any, route: Any):
-    parsed = await _read_and_parse(request, request_type)  # 503 until the engine is ready
-    state = request.app.state.engine_owner.state
-    await check_messages_and_model(request, parsed, state)  # as on /v1/chat/completions: a 400, not vLLM's 500
+    begin(request, Shape.OPENAI)
+    body, state = await read_checked(request)  # 503 until the engine is ready
+    parsed = parse_request(request_type, body)
+    await check_request(request, parsed, state, generates=False)  # as on /v1/chat/completions: a 400, not vLLM's 500
     # vLLM's route functions read the handler from the app's state: the running engine's.
     request.app.state.serving_render = getattr(state.serving, "serving_render", None)
     return await call_serving(route(parsed, request), request)

@@ -1,0 +1,1 @@
+"""adapters front door."""

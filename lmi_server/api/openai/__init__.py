@@ -1,0 +1,1 @@
+"""openai front door."""

@@ -1,0 +1,170 @@
+"""The one request pipeline of every generating route; front doors only parse and choose a shape.
+
+A front door (`api/openai/`, `api/sagemaker/`, and any new one) is one module that:
+
+1. fixes the request's `Shape` (OpenAI, LMI, TGI, Anthropic): errors and answers take it;
+2. says how to turn the request body into what vLLM is called with, a `parse(body) -> Generation`
+   (sync or async): the parsed vLLM request object (`ChatCompletionRequest`, `CompletionRequest`,
+   `ResponsesRequest`, ...), the vLLM serving method to call (`method(serving)` picks it from the
+   engine's serving objects, e.g. `lambda s: s.openai_serving_chat.create_chat_completion`), and
+   how to shape vLLM's answer (`shape_json` for a JSON body, `shape_stream` for its SSE events,
+   `stream` the wire format: "sse" or "jsonl");
+3. calls `await serve(request, parse, shape=..., headers=..., body=...)` and returns its response.
+   `headers`: extra response headers (e.g. a session's); `body`: the body when the front door had
+   to read it already (/invocations reads it for sessions and a custom handler), else it is read here.
+
+`serve` then runs each stage once, in this order:
+
+- read: the body (size limit 413, JSON syntax and depth 400), unless handed in;
+- check: the engine is ready (503 with Retry-After);
+- format in: the payload formatter of the adapter the body names (else of the model directory)
+  rewrites the body; the output formatter that applies is recorded;
+- parse: the front door's `parse` (its 400/422/424s); then the body checks: content parts the
+  model cannot read, foreign message formats, images against the media policy, LMI's
+  `"model": "lmi"` alias, combinations the engine cannot serve (400);
+- resolve adapter and tenant: the adapter named (header, body, `model`) leased (404 when unknown),
+  the KV cache salt isolated per adapter (LoRA on), the tenant identified (API key, adapter, header);
+- admit: an engine slot in the admission policy's order (`lmi_server.admission`), or 429/503;
+- call vLLM: the serving method, cancelled if the client disconnects (vLLM's `with_cancellation`);
+  vLLM's errors become typed errors;
+- format out and respond: the output formatter, the front door's shape, SSE or jsonlines for a
+  stream (closing the stream closes vLLM's generator, which aborts the generation).
+
+The adapter lease and the admission ticket are released when the response is over, however it
+ends (`api/admit.RequestScopeMiddleware`); every error is rendered once, in the request's shape
+(`api/errors.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from lmi_server.api.adapters.routing import apply_cache_salt, resolve_adapter
+from lmi_server.api.admit import admit
+from lmi_server.api.body import read_json_body
+from lmi_server.api.context import Shape, app_context, begin, request_context
+from lmi_server.api.engine_calls import call_serving, engine_state, served_name, sse_to_jsonl, yielding
+from lmi_server.api.errors import APIError, from_engine_limit
+from lmi_server.api.formatting import apply_payload_formatter, respond
+from lmi_server.api.media import check_messages
+from lmi_server.engine_limits import UnsupportedCombination
+
+UNREAD = object()
+LMI_MODEL_NAME = "lmi"  # LMI's served name when none is set: LMI clients send it
+TEXT_PART_TYPES = {"text", "input_text", "output_text", "refusal", "thinking"}
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass
+class Generation:
+    """What a front door's `parse` hands to `serve` (see the module docstring)."""
+
+    request: Any
+    """The parsed vLLM request object (its `model`, `priority`, `cache_salt` are set by serve)."""
+    method: Callable[[Any], Callable[..., Any]]
+    """serving objects -> the vLLM serving method, called as `method(serving)(request, raw_request)`."""
+    shape_json: Callable[[dict], Any] = _same
+    """vLLM's JSON answer (a dict) -> the body sent."""
+    shape_stream: Callable[[AsyncIterator[str]], AsyncIterator[Any]] | None = None
+    """vLLM's SSE events -> the stream sent; None: SSE as is, or jsonlines when `stream="jsonl"`."""
+    stream: str = "sse"
+    """Wire format of a streamed answer: "sse" or "jsonl"."""
+    dump: Callable[[Any], Any] | None = None
+    """vLLM's answer object -> JSON values before `shape_json`; None: `model_dump(exclude_none=False)`."""
+
+
+def reject_foreign_messages(parsed: Any, state: Any) -> None:
+    """Image/audio/video parts for a text-only model are a 400 (vLLM raises a ValueError that would be
+    a 500). vLLM's chat request type also validates OpenAI-Harmony `Message` objects (author, channel,
+    recipient), which only gpt-oss models render; any other model would fail inside vLLM with a 500."""
+    messages = getattr(parsed, "messages", None) or []
+    model_config = getattr(state.engine, "model_config", None)
+    if not getattr(model_config, "is_multimodal_model", False):
+        for i, m in enumerate(messages):
+            content = m.get("content") if isinstance(m, dict) else None
+            for part in content if isinstance(content, list) else []:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind is not None and kind not in TEXT_PART_TYPES:
+                    raise APIError(400, f"messages[{i}]: content of type {kind!r} needs a multimodal model; this model reads text")
+    # Harmony's Message has an author; other typed messages (Anthropic's) are their front door's to check
+    foreign = [i for i, m in enumerate(messages) if not isinstance(m, dict) and hasattr(m, "author")]
+    if not foreign:
+        return
+    hf_config = getattr(model_config, "hf_config", None)
+    if getattr(hf_config, "model_type", None) == "gpt_oss":
+        return
+    raise APIError(
+        400,
+        f"messages[{foreign[0]}]: a Harmony-format message (author/channel/recipient) is only accepted by "
+        "gpt-oss models; send {\"role\": ..., \"content\": ...}",
+    )
+
+
+def lmi_model_alias(parsed: Any, state: Any) -> None:
+    """`"model": "lmi"` names the base model, as in LMI (unless a model is really served as "lmi")."""
+    if getattr(parsed, "model", None) == LMI_MODEL_NAME:
+        name = served_name(state)
+        if name != LMI_MODEL_NAME:
+            parsed.model = name
+
+
+async def check_request(request: Request, parsed: Any, state: Any, *, generates: bool = True) -> None:
+    """The body checks every generating request passes before it takes a slot (see `serve`);
+    `generates=False` (rendering only tokenizes): the engine's generation limits do not apply."""
+    reject_foreign_messages(parsed, state)
+    if getattr(getattr(state.engine, "model_config", None), "is_multimodal_model", False):
+        policy = app_context(request).media_policy
+        await asyncio.to_thread(check_messages, getattr(parsed, "messages", None) or [], policy)
+    lmi_model_alias(parsed, state)
+    limits = app_context(request).engine_limits
+    if generates and limits is not None:
+        try:
+            limits.check(parsed)
+        except UnsupportedCombination as exc:
+            raise from_engine_limit(exc) from None
+
+
+async def read_checked(request: Request, body: Any = UNREAD) -> tuple[Any, Any]:
+    """read -> check (engine ready) -> format in: (formatted body, engine state)."""
+    if body is UNREAD:
+        body = await read_json_body(request, app_context(request).config.server.max_request_bytes)
+    state = engine_state(request)  # 503 first: nothing runs before the engine is ready
+    return apply_payload_formatter(request, body), state
+
+
+async def serve(
+    request: Request,
+    parse: Callable[[Any], Any],
+    *,
+    shape: Shape,
+    headers: dict[str, str] | None = None,
+    body: Any = UNREAD,
+) -> Response:
+    """read -> check -> format in -> parse -> resolve adapter and tenant -> admit -> call vLLM ->
+    format out -> respond (see the module docstring)."""
+    begin(request, shape)
+    body, state = await read_checked(request, body)
+    gen = parse(body)
+    if inspect.isawaitable(gen):
+        gen = await gen
+    await check_request(request, gen.request, state)
+    await resolve_adapter(request, gen.request)
+    apply_cache_salt(request, gen.request)
+    await admit(request, state, gen.request)
+    result = await call_serving(gen.method(state.serving)(gen.request, request), request)
+    shape_stream = gen.shape_stream or (_same if gen.stream == "sse" else sse_to_jsonl)
+    ticket = request_context(request).ticket  # hears of the stream's first chunk
+    return await respond(
+        request, result, shape_json=gen.shape_json, shape_stream=shape_stream, kind=gen.stream, headers=headers,
+        wrap=lambda stream: yielding(stream, ticket), **({"dump": gen.dump} if gen.dump is not None else {}),
+    )

@@ -1,0 +1,1 @@
+"""sagemaker front door."""
