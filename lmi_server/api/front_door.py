@@ -22,7 +22,7 @@ TEXT_KINDS = {"text", "input_text", "output_text", "refusal", "thinking", "redac
 
 def body_bytes(body: Any) -> int:
     """An upper bound of the prompt's bytes, whatever the transfer encoding was."""
-    return len(json.dumps(body))
+    return len(json.dumps(body, default=str))
 
 
 def is_multimodal(state: Any) -> bool:

@@ -91,10 +91,11 @@ def dumped(result: Any) -> Any:
 
 def parser(request: Request, headers: dict[str, str]):
     async def parse(body: Any) -> Generation:
+        size = body_bytes(body)  # before validation, which may put objects in the body
         parsed = parse_request(messages_type(), body)
         state = engine_state(request)
         await check_parts(request, state, content_parts(parsed))
-        headers.update(await clamp(state.serving.anthropic_serving_messages, parsed, body_bytes(body)))
+        headers.update(await clamp(state.serving.anthropic_serving_messages, parsed, size))
         return Generation(parsed, messages_call, dump=dumped)
 
     return parse

@@ -99,10 +99,11 @@ def dumped(result: Any) -> Any:
 
 def parser(request: Request, headers: dict[str, str]):
     async def parse(body: Any) -> Generation:
+        size = body_bytes(body)  # before validation, which may put objects in the body
         parsed = parse_request(request_type(), adapters_field(request, body))
         state = engine_state(request)
         await check_parts(request, state, content_parts(parsed))
-        headers.update(await clamp(state.serving.openai_serving_responses, parsed, body_bytes(body)))
+        headers.update(await clamp(state.serving.openai_serving_responses, parsed, size))
         return Generation(parsed, responses_call, shape_stream=sse_events, dump=dumped)
 
     return parse

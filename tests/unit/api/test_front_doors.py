@@ -6,11 +6,12 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from lmi_server import response_store
 from lmi_server.api import output_budget
-from lmi_server.api.anthropic.errors import error_body_for, in_anthropic_format
+from lmi_server.api.anthropic.errors import error_body_for
+from lmi_server.api.context import Shape, begin
 from lmi_server.api.auth import APIKeyMiddleware
 from lmi_server.api.errors import APIError, install_error_handlers
 
@@ -73,14 +74,26 @@ def test_route_errors_leave_in_anthropics_format_with_status_and_headers():
     app = FastAPI()
     install_error_handlers(app)
 
-    @in_anthropic_format
-    async def refuse():
+    async def refuse(request: Request):
+        begin(request, Shape.ANTHROPIC)
         raise APIError(429, "tenant over its rate", headers={"Retry-After": "3"})
 
     app.add_api_route("/v1/messages", refuse, methods=["POST"])
     answer = _call(app, "POST", "/v1/messages")
     assert answer.status_code == 429 and answer.headers["retry-after"] == "3"
     assert answer.json() == {"type": "error", "error": {"type": "rate_limit_error", "message": "tenant over its rate"}}
+
+
+def test_anthropic_messages_are_not_taken_for_harmony_ones():
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+    from lmi_server.api.pipeline import reject_foreign_messages
+
+    parsed = AnthropicMessagesRequest.model_validate(
+        {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    )
+    state = SimpleNamespace(engine=SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=False)))
+    reject_foreign_messages(parsed, state)  # no 400: the Messages front door checks its own blocks
 
 
 @pytest.mark.parametrize("status,kind", [(400, "invalid_request_error"), (422, "invalid_request_error"),
