@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 ROUTES = {
     "/invocations", "/ping", "/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics",
-    "/adapters", "/sessions",
+    "/adapters", "/sessions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize",
 }
 
 REQUESTS = Counter("lmi_requests", "HTTP requests by route and status", ["route", "status"])
@@ -38,8 +38,9 @@ TTFT = Histogram(
 
 DERIVED = CollectorRegistry(auto_describe=True)
 
-# A streamed chunk carries text when an OpenAI delta/choice or an LMI token has non-empty text.
-_TOKEN_CHUNK = re.compile(rb'"(?:content|text)":\s*"[^"]')
+# A streamed chunk carries text when an OpenAI delta/choice, an Anthropic text delta or an LMI token
+# has non-empty text, or a Responses API delta event a non-empty delta.
+_TOKEN_CHUNK = re.compile(rb'"(?:content|text|delta)":\s*"[^"]')
 
 router = APIRouter()
 
@@ -93,6 +94,8 @@ def route_label(path: str) -> str:
     for prefix in ("/adapters", "/models", "/sessions"):
         if path.startswith(prefix):
             return prefix
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{id}"  # a stored response: one label, not one per id
     return "other"
 
 

@@ -114,3 +114,14 @@ def test_the_key_check_answers_each_api_in_its_own_format_and_takes_both_headers
     assert openai.status_code == 401 and openai.json()["error"]["type"] == "AuthenticationError"
     assert _call(app, "POST", "/v1/messages", {"x-api-key": KEY}).status_code == 200
     assert _call(app, "POST", "/v1/responses", {"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_front_door_routes_have_their_own_metric_labels_and_first_tokens():
+    from lmi_server import metrics
+
+    assert metrics.route_label("/v1/messages") == "/v1/messages"
+    assert metrics.route_label("/v1/responses") == "/v1/responses"
+    assert metrics.route_label("/v1/responses/resp_123") == metrics.route_label("/v1/responses/resp_456")
+    assert metrics._TOKEN_CHUNK.search(b'event: response.output_text.delta\ndata: {"delta":"The","type":"x"}')
+    assert metrics._TOKEN_CHUNK.search(b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi"}}')
+    assert not metrics._TOKEN_CHUNK.search(b'data: {"type":"response.created","response":{"text":null}}')
