@@ -162,6 +162,11 @@ def test_responses_refusals_are_openai_shaped(assistant, openai_client):
                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert bad.status_code in (400, 422) and bad.json()["error"]["message"]
     assert httpx.post(assistant.base_url + "/v1/responses", json={"model": MODEL, "input": "x"}, timeout=60).status_code == 401
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    with pytest.raises(openai.BadRequestError) as text_only:  # the assistant reads text: a 400, not vLLM's 500
+        openai_client.responses.create(model=MODEL, max_output_tokens=5,
+                                       input=[{"role": "user", "content": [{"type": "input_text", "text": "hi"}, image]}])
+    assert "input_image" in str(text_only.value)
 
 
 # --- Anthropic Messages API ----------------------------------------------------------------------
@@ -227,6 +232,10 @@ def test_messages_refusals_are_anthropic_shaped(assistant, anthropic_client):
         assert bad.json()["type"] == "error" and bad.json()["error"]["type"] == "invalid_request_error"
     broken = httpx.post(url, content=b"{not json", headers={**headers, "content-type": "application/json"}, timeout=60)
     assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    with pytest.raises(anthropic.BadRequestError) as text_only:
+        anthropic_client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": [image]}])
+    assert text_only.value.body["error"]["type"] == "invalid_request_error" and "image" in text_only.value.body["error"]["message"]
     with pytest.raises(anthropic.AuthenticationError) as refused:
         anthropic.Anthropic(base_url=assistant.base_url, api_key="wrong-key-0123456", max_retries=0).messages.create(
             model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
