@@ -11,16 +11,13 @@ import asyncio
 import re
 import threading
 import time
+from collections.abc import Callable
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-ROUTES = {
-    "/invocations", "/ping", "/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics",
-    "/adapters", "/sessions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize",
-}
 
 REQUESTS = Counter("lmi_requests", "HTTP requests by route and status", ["route", "status"])
 LATENCY = Histogram(
@@ -88,27 +85,19 @@ class SpecDecodeCollector:
         yield length
 
 
-def route_label(path: str) -> str:
-    if path in ROUTES:
-        return path
-    for prefix in ("/adapters", "/models", "/sessions"):
-        if path.startswith(prefix):
-            return prefix
-    if path.startswith("/v1/responses/"):
-        return "/v1/responses/{id}"  # a stored response: one label, not one per id
-    return "other"
-
-
 class MetricsMiddleware:
-    """Pure ASGI middleware (works with streaming and client disconnects)."""
+    """Pure ASGI middleware (works with streaming and client disconnects). `label`: a request
+    path -> its route's label; the app hands in the route table's (`api/routes.label_for`: each
+    route under its own name, "other" for a path no route serves, so /metrics stays bounded)."""
 
-    def __init__(self, app):
+    def __init__(self, app, label: Callable[[str], str]):
         self.app = app
+        self.label = label
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        route = route_label(scope["path"])
+        route = self.label(scope["path"])
         start = time.perf_counter()
         status = {"code": 500, "streaming": False, "first": False}
 

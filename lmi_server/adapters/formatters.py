@@ -15,7 +15,7 @@ are written.
         `generated_text` and token lines, OpenAI's choices), which is how an adapter changes only
         the text.
     async def handle(inputs: Input) (the model directory's model.py only): LMI's custom handler,
-        which sees each /invocations request first (see lmi_server/api/custom_handler.py).
+        which sees each /invocations request first (see lmi_server/api/sagemaker/custom_handler.py).
 The `(text, context)` functions of earlier versions are retired: an unmarked `input_formatter` /
 `output_formatter` is refused with a message that says how to mark it.
 

@@ -1,13 +1,11 @@
-"""The HTTP side of admission (the policy, queue, tenants and limits are `lmi_server.admission`):
-taking an engine slot for a request, and the middleware that ends every request's hold on the
-server's resources.
+"""The pipeline's "admit" stage, the HTTP side of admission (the policy, queue, tenants and limits
+are `lmi_server.admission`): taking an engine slot for a request.
 
-`admit` identifies the tenant (API key, else adapter, else the operator's header), reads the
-priority, checks the tenant's rate limits and waits for a slot, raising typed refusals that
-api/errors.py renders in the request's shape. `RequestScopeMiddleware` (outermost) creates the
-request's context and, when the response is over however it ended (client gone, error,
-cancellation), releases the adapter lease and the admission ticket; it adds the headers the request
-collected on its way (the tenant's rate-limit headers) to the response.
+`admit` identifies the tenant (API key, else the adapter resolved, else the operator's header),
+reads the priority, checks the tenant's rate limits and waits for a slot, raising typed refusals
+that api/errors.py renders in the request's shape. The caller runs it cancellable by a client
+disconnect (the pipeline's `until_disconnect`); the ticket is released when the response is over
+(api/request_scope.py).
 """
 
 from __future__ import annotations
@@ -19,10 +17,14 @@ from fastapi import Request
 
 from lmi_server.admission import REJECTED, BadPriority, Rejected, count, estimate_tokens, parse_priority
 from lmi_server.api.context import app_context, request_context
-from lmi_server.api.engine_calls import engine_max_num_seqs, until_disconnect
 from lmi_server.api.errors import from_admission_error
 
 log = logging.getLogger(__name__)
+
+
+def engine_max_num_seqs(state) -> int | None:
+    config = getattr(state.engine, "vllm_config", None)
+    return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
 
 
 def _rate_limited(tenant: str, decision: Any) -> Rejected:
@@ -38,23 +40,25 @@ def _rate_limited(tenant: str, decision: Any) -> Rejected:
     )
 
 
-def tenant_of(request: Request) -> str:
-    """The request's tenant: the API key that authenticated it, else its adapter, else the header."""
+def identify_tenant(request: Request) -> str:
+    """The request's tenant (kept in its context): the API key that authenticated it, else its
+    adapter (resolved first), else the operator's header, else the shared default."""
     ctx = request_context(request)
     key_name = getattr(ctx.key_entry, "name", None)
-    return app_context(request).tenants.identify(key_name, request.headers, getattr(ctx.adapter, "name", None))
+    ctx.tenant = app_context(request).tenants.identify(key_name, request.headers, getattr(ctx.adapter, "name", None))
+    return ctx.tenant
 
 
 async def admit(request: Request, state: Any, parsed: Any = None) -> None:
     """Take an engine slot for the request's tenant (waiting in the fair queue if need be), or
     raise: 400 for a bad priority, 429 for a tenant over its rate limits or queue share, 503 for a
     full queue or a wait too long. `parsed` is the vLLM request about to be sent (its priority is
-    set here). The ticket is released by RequestScopeMiddleware."""
+    set here). The ticket is released by api/request_scope.RequestScopeMiddleware."""
     app, ctx = app_context(request), request_context(request)
     admission, tenants = app.admission, app.tenants
     if admission.slots is None:
         admission.set_slots(engine_max_num_seqs(state) or 1)
-    tenant = tenant_of(request)
+    tenant = ctx.tenant or identify_tenant(request)
     try:
         priority = parse_priority(request.headers, parsed)
     except BadPriority as exc:
@@ -68,43 +72,8 @@ async def admit(request: Request, state: Any, parsed: Any = None) -> None:
         if not decision.allowed:
             raise _rate_limited(tenant, decision)
         stream = bool(getattr(parsed, "stream", False))
-        ctx.ticket = await until_disconnect(admission.acquire(tenant, priority, stream=stream), request)
+        ctx.ticket = await admission.acquire(tenant, priority, stream=stream)
     except Rejected as exc:
         if exc.status == 429:
             log.info("admission: tenant %s refused: %s", tenant, exc.reason)
         raise from_admission_error(exc) from None
-
-
-class RequestScopeMiddleware:
-    """Outermost: every request gets its context; when its response is over, its adapter lease and
-    admission ticket are released, and the headers it collected are added to the response."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        ctx = request_context(scope)
-
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start" and ctx.response_headers:
-                present = {k.lower() for k, _ in message.get("headers", [])}
-                added = [
-                    (k.encode("latin-1"), v.encode("latin-1"))
-                    for k, v in ctx.response_headers.items()
-                    if k.encode("latin-1") not in present
-                ]
-                message = {**message, "headers": list(message.get("headers", [])) + added}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            try:
-                if ctx.adapter is not None and ctx.adapter.lease is not None:
-                    await ctx.adapter.lease.release()
-            finally:
-                if ctx.ticket is not None:
-                    ctx.ticket.release()

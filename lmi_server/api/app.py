@@ -14,8 +14,9 @@ from lmi_server import prefill_gate
 from lmi_server.adapters.formatters import FormatterError, load_model_formatters
 from lmi_server.admission import Admission, Tenants
 from lmi_server.api import kinds
+from lmi_server.api import routes as route_table
 from lmi_server.api.adapters import wiring as adapter_wiring
-from lmi_server.api.admit import RequestScopeMiddleware
+from lmi_server.api.request_scope import RequestScopeMiddleware
 from lmi_server.api.anthropic import error_body_for
 from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
 from lmi_server.api.context import AppContext
@@ -31,7 +32,6 @@ from lmi_server.engine import EngineOwner
 from lmi_server.engine_limits import EngineLimits
 from lmi_server.model_requirements import RequirementsError, install_requirements
 from lmi_server.metrics import MetricsMiddleware, register_blend_collector, register_lmcache_collector, unregister_collector
-from lmi_server.metrics import router as metrics_router
 from lmi_server.redact import install_log_redaction, register_secret
 
 log = logging.getLogger(__name__)
@@ -66,41 +66,16 @@ def install_engine_guards(ctx: AppContext) -> None:
     owner.on_ready.append(guard_engine)
 
 
-def create_app(
-    cfg: ServingConfig,
-    engine_args: dict[str, Any] | None = None,
-    *,
-    runtime: Any = None,
-    start_engine: bool = True,
-) -> FastAPI:
-    cache_server = None
-    api_keys = load_api_key_entries(cfg.security, cfg.model_dir)
-    kv_plan = getattr(runtime, "kv_plan", None)
-    for secret in getattr(kv_plan, "secret_env", {}).values():
-        register_secret(secret)
-    if kv_plan is not None and kv_plan.mode == "mp":
-        from lmi_server.kvcache.mp_server import supervisor_for_plan
-
-        cache_server = supervisor_for_plan(
-            kv_plan,
-            max_restarts=cfg.lmcache.lmcache_max_restarts,
-            restart_window_s=cfg.lmcache.lmcache_restart_window,
-        )
-    try:
-        install_requirements(cfg.model_dir)  # the model directory's requirements.txt, before its model.py
-        model_formatters = load_model_formatters(cfg.model_dir)
-    except (FormatterError, RequirementsError) as exc:
-        raise ConfigError([str(exc)]) from None
-    frontend_args = getattr(runtime, "frontend_args", None)
-    owner = EngineOwner(
-        cfg, engine_args if engine_args is not None else dict(cfg.engine_args), cache_server, frontend_args
-    )
+def _lifespan(kv_plan: Any, cache_server: Any, start_engine: bool):
+    """The app's lifespan: the engine (and the cache server's metrics, the blend store, the session
+    sweeper, the engine watchdog) up at start, down at shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        ctx: AppContext = app.state.ctx
         install_log_redaction()  # uvicorn's and vLLM's handlers exist by now
         collector = register_lmcache_collector(kv_plan, cache_server)
-        blend = getattr(runtime, "blend", None)
+        blend = getattr(ctx.runtime, "blend", None)
         blend_collector = register_blend_collector(blend)
         store_dir = (blend or {}).get("store_dir")
         if store_dir:
@@ -109,11 +84,11 @@ def create_app(
             for path in remove_stale_stores(os.path.dirname(store_dir)):
                 log.info("removed the blend store of a server that is gone: %s", path)
         if start_engine:
-            owner.start_background()
-        session_store = app.state.ctx.sessions.store
+            ctx.owner.start_background()
+        session_store = ctx.sessions.store
         if hasattr(session_store, "startup_check"):
             await session_store.startup_check()
-        sweeper = asyncio.create_task(_sweep_sessions(session_store, cfg.sessions.sessions_sweep_interval))
+        sweeper = asyncio.create_task(_sweep_sessions(session_store, ctx.config.sessions.sessions_sweep_interval))
         watchdog = asyncio.create_task(engine_watchdog(app))
         try:
             yield
@@ -123,7 +98,7 @@ def create_app(
             if hasattr(session_store, "aclose"):
                 await session_store.aclose()
             log.info("shutting down: stopping the engine")
-            await owner.stop()
+            await ctx.owner.stop()
             unregister_collector(collector)
             unregister_collector(blend_collector)
             if store_dir:
@@ -131,7 +106,42 @@ def create_app(
 
                 remove_store(store_dir)  # this server's segment KV (tmpfs) goes with it
 
-    app = FastAPI(title="lmi_server", lifespan=lifespan)
+    return lifespan
+
+
+def _cache_server(cfg: ServingConfig, kv_plan: Any) -> Any:
+    """The LMCache MP server's supervisor when the KV plan runs one; None otherwise."""
+    for secret in getattr(kv_plan, "secret_env", {}).values():
+        register_secret(secret)
+    if kv_plan is None or kv_plan.mode != "mp":
+        return None
+    from lmi_server.kvcache.mp_server import supervisor_for_plan
+
+    return supervisor_for_plan(
+        kv_plan, max_restarts=cfg.lmcache.lmcache_max_restarts, restart_window_s=cfg.lmcache.lmcache_restart_window,
+    )
+
+
+def create_app(
+    cfg: ServingConfig,
+    engine_args: dict[str, Any] | None = None,
+    *,
+    runtime: Any = None,
+    start_engine: bool = True,
+) -> FastAPI:
+    api_keys = load_api_key_entries(cfg.security, cfg.model_dir)
+    kv_plan = getattr(runtime, "kv_plan", None)
+    cache_server = _cache_server(cfg, kv_plan)
+    try:
+        install_requirements(cfg.model_dir)  # the model directory's requirements.txt, before its model.py
+        model_formatters = load_model_formatters(cfg.model_dir)
+    except (FormatterError, RequirementsError) as exc:
+        raise ConfigError([str(exc)]) from None
+    frontend_args = getattr(runtime, "frontend_args", None)
+    owner = EngineOwner(
+        cfg, engine_args if engine_args is not None else dict(cfg.engine_args), cache_server, frontend_args
+    )
+    app = FastAPI(title="lmi_server", lifespan=_lifespan(kv_plan, cache_server, start_engine))
     ctx = build_context(cfg, runtime, owner, api_keys, model_formatters)
     app.state.ctx = ctx
     if ctx.media_policy.allowed_domains:
@@ -143,15 +153,14 @@ def create_app(
     app.add_middleware(
         APIKeyMiddleware, keys=api_keys, metrics_public=cfg.security.metrics_public, error_body=error_body_for
     )
-    app.add_middleware(MetricsMiddleware)
+    app.add_middleware(MetricsMiddleware, label=route_table.label_for)  # each route under its own label
     if owner.frontend_args.get("enable_request_id_headers"):
         from vllm.entrypoints.serve.middleware.x_request_id import XRequestIdMiddleware
 
         app.add_middleware(XRequestIdMiddleware)
-    kinds.install(app, cfg.kind)  # the model kind's routes (generate, embed, ...), chosen once here
-    app.include_router(metrics_router)
+    kinds.install(app, cfg.kind)  # the route table's rows of the model's kind (api/routes.py), chosen once here
     install_engine_guards(ctx)
-    adapter_wiring.install(app, ctx)  # LoRA adapters: /adapters routes; registry once the engine is ready
+    adapter_wiring.install(ctx)  # LoRA adapters: the registry, built once the engine is ready
     install_openapi(app)  # the request bodies the routes read themselves
     app.add_middleware(RequestScopeMiddleware)  # outermost: the request's context, released at the end
     return app

@@ -1,4 +1,5 @@
-"""API keys: a pure ASGI middleware in front of every route except /ping, /health and /live.
+"""API keys: a pure ASGI middleware in front of every route except the public ones of the route
+table (api/routes.py: /ping, /health and /live).
 
 Keys come from `option.api_key` (comma-separated, for rotation; also `OPTION_API_KEY`) and
 `option.api_key_file` (one per line). A request presents one as `Authorization: Bearer KEY`
@@ -7,7 +8,7 @@ in constant time (sha256 digests through `hmac.compare_digest`, so neither conte
 leaks). No key configured: nothing is checked, and `warn_if_unprotected` logs one warning when
 the server listens beyond loopback.
 
-A key is a tenant (api/tenants.py): a key file line may name it and carry the tenant's settings,
+A key is a tenant (lmi_server/admission/tenants.py): a key file line may name it and carry the tenant's settings,
 `name=alice key=KEY weight=2 requests_per_second=5 tokens_per_minute=60000`; an unnamed key's
 tenant is `key-` and the first 8 hex digits of its sha256 (never the key). The middleware puts the
 matched key's entry in the request's context (`RequestContext.key_entry`), where the tenant is read.
@@ -26,12 +27,13 @@ from fastapi.responses import JSONResponse
 
 from lmi_server.api.context import request_context
 from lmi_server.api.errors import APIError
+from lmi_server.api.routes import public_paths
 from lmi_server.config.schema import ConfigError
 from lmi_server.redact import register_secret
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/ping", "/health", "/live"})
+OPEN_PATHS = public_paths()  # the route table's public rows: the health checks
 _ENTRY_FIELDS = {"name", "key", "weight", "requests_per_second", "tokens_per_minute"}
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 

@@ -39,6 +39,7 @@ class RequestContext:
     raw_body: bytes = b""
     key_entry: Any = None  # api.auth.KeyEntry of the key that authenticated the request
     adapter: Any = None  # api.adapters.routing.AdapterUse (name and lease)
+    tenant: str | None = None  # who the request is for (admission, rate limits)
     formatters: Any = None  # adapters.formatters.Formatters whose output formatter applies
     ticket: Any = None  # lmi_server.admission.Ticket, released when the response is over
     response_headers: dict[str, str] = field(default_factory=dict)

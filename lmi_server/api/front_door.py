@@ -14,7 +14,7 @@ from fastapi import Request
 
 from lmi_server.api.context import app_context
 from lmi_server.api.errors import APIError
-from lmi_server.api.formatting import respond
+from lmi_server.api.respond import respond
 from lmi_server.api.media import check_messages
 
 TEXT_KINDS = {"text", "input_text", "output_text", "refusal", "thinking", "redacted_thinking"}

@@ -17,13 +17,15 @@ A front door (`api/openai/`, `api/sagemaker/`, and any new one) is one module th
 
 - read: the body (size limit 413, JSON syntax and depth 400), unless handed in;
 - check: the engine is ready (503 with Retry-After);
-- format in: the payload formatter of the adapter the body names (else of the model directory)
-  rewrites the body; the output formatter that applies is recorded;
-- parse: the front door's `parse` (its 400/422/424s); then the body checks: content parts the
-  model cannot read, foreign message formats, images against the media policy, LMI's
-  `"model": "lmi"` alias, combinations the engine cannot serve (400);
-- resolve adapter and tenant: the adapter named (header, body, `model`) leased (404 when unknown),
-  the KV cache salt isolated per adapter (LoRA on), the tenant identified (API key, adapter, header);
+- resolve adapter and tenant: the adapter the request names (header, body `adapters`, `model`)
+  leased, loading it on first use (404 naming what is served when there is none such; LoRA on or
+  off, never the base model's answer instead); the tenant (API key, adapter, operator's header);
+- format in: the payload formatter of that adapter (else of the model directory) rewrites the body;
+  the output formatter that applies is recorded; then the front door's `parse` (its 400/422/424s)
+  and the parsed request's checks: content parts the model cannot read, foreign message formats,
+  images against the media policy, the adapter's name (or LMI's `"model": "lmi"` alias for the
+  base model) in `model`, combinations the engine cannot serve (400), the KV cache salt isolated
+  per adapter (LoRA on);
 - admit: an engine slot in the admission policy's order (`lmi_server.admission`), or 429/503;
 - call vLLM: the serving method, cancelled if the client disconnects (vLLM's `with_cancellation`);
   vLLM's errors become typed errors;
@@ -31,7 +33,7 @@ A front door (`api/openai/`, `api/sagemaker/`, and any new one) is one module th
   stream (closing the stream closes vLLM's generator, which aborts the generation).
 
 The adapter lease and the admission ticket are released when the response is over, however it
-ends (`api/admit.RequestScopeMiddleware`); every error is rendered once, in the request's shape
+ends (`api/request_scope.RequestScopeMiddleware`); every error is rendered once, in the request's shape
 (`api/errors.py`).
 """
 
@@ -39,25 +41,25 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from lmi_server.api.adapters.routing import apply_cache_salt, resolve_adapter
+from lmi_server.adapters.transforms import isolated_cache_salt
+from lmi_server.api.adapters.routing import LMI_MODEL_NAME, resolve_adapter
 from lmi_server.api.admit import admit
 from lmi_server.api.body import read_json_body
 from lmi_server.api.context import Shape, app_context, begin, request_context
-from lmi_server.api.engine_calls import call_serving, engine_state, served_name, sse_to_jsonl, yielding
-from lmi_server.api.errors import APIError, from_engine_limit
-from lmi_server.api.formatting import apply_payload_formatter, respond
+from lmi_server.api.errors import APIError, engine_unavailable, from_engine_limit, from_vllm_error, from_vllm_exception
+from lmi_server.api.format_in import apply_payload_formatter
+from lmi_server.api.respond import respond, sse_to_jsonl, yielding
 from lmi_server.api.media import check_messages
 from lmi_server.engine_limits import UnsupportedCombination
 
 UNREAD = object()
-LMI_MODEL_NAME = "lmi"  # LMI's served name when none is set: LMI clients send it
 TEXT_PART_TYPES = {"text", "input_text", "output_text", "refusal", "thinking"}
 
 
@@ -81,6 +83,55 @@ class Generation:
     """Wire format of a streamed answer: "sse" or "jsonl"."""
     dump: Callable[[Any], Any] | None = None
     """vLLM's answer object -> JSON values before `shape_json`; None: `model_dump(exclude_none=False)`."""
+
+
+def engine_state(request: Request):
+    """The running engine's state; 503 with Retry-After while it loads or is rebuilt."""
+    state = app_context(request).owner.state
+    if not state.healthy:
+        raise engine_unavailable(state.error or "the model is still loading")
+    return state
+
+
+def served_name(state) -> str | None:
+    """The base model's first served name (what LMI calls the model: "lmi" stands for it)."""
+    models = getattr(getattr(state, "serving", None), "openai_serving_models", None)
+    paths = getattr(models, "base_model_paths", None) or []
+    return paths[0].name if paths else None
+
+
+async def until_disconnect(coro: Awaitable[Any], request: Request) -> Any:
+    """Run coro under vLLM's `with_cancellation`: if the client goes away first, coro is cancelled
+    (vLLM aborts the request on cancel) and the request ends with a 400."""
+    from vllm.entrypoints.serve.utils.api_utils import with_cancellation
+
+    async def work(_self: Any, raw_request: Request) -> tuple[Any]:
+        return (await coro,)  # a tuple: with_cancellation's None means "disconnected"
+
+    done = await with_cancellation(work)(None, request)
+    if done is None:
+        raise APIError(400, "client disconnected before the response was ready")
+    return done[0]
+
+
+def is_error(result: Any) -> bool:
+    return type(result).__name__ == "ErrorResponse"
+
+
+async def call_serving(coro: Awaitable[Any], request: Request) -> Any:
+    """Await a vLLM serving call; ErrorResponse -> APIError; generators are returned as they are."""
+    try:
+        result = await until_disconnect(coro, request)
+    except APIError:
+        raise
+    except Exception as exc:
+        mapped = from_vllm_exception(exc)
+        if mapped is None:
+            raise
+        raise mapped from None
+    if is_error(result):
+        raise from_vllm_error(result)
+    return result
 
 
 def reject_foreign_messages(parsed: Any, state: Any) -> None:
@@ -119,13 +170,16 @@ def lmi_model_alias(parsed: Any, state: Any) -> None:
 
 
 async def check_request(request: Request, parsed: Any, state: Any, *, generates: bool = True) -> None:
-    """The body checks every generating request passes before it takes a slot (see `serve`);
-    `generates=False` (rendering only tokenizes): the engine's generation limits do not apply."""
+    """The parsed request's checks before it takes a slot (see `serve`); `generates=False`
+    (rendering only tokenizes): the engine's generation limits do not apply."""
     reject_foreign_messages(parsed, state)
     if getattr(getattr(state.engine, "model_config", None), "is_multimodal_model", False):
         policy = app_context(request).media_policy
         await asyncio.to_thread(check_messages, getattr(parsed, "messages", None) or [], policy)
     lmi_model_alias(parsed, state)
+    use = request_context(request).adapter
+    if use is not None:
+        parsed.model = use.name  # vLLM picks the LoRARequest by this name
     limits = app_context(request).engine_limits
     if generates and limits is not None:
         try:
@@ -134,11 +188,25 @@ async def check_request(request: Request, parsed: Any, state: Any, *, generates:
             raise from_engine_limit(exc) from None
 
 
-async def read_checked(request: Request, body: Any = UNREAD) -> tuple[Any, Any]:
-    """read -> check (engine ready) -> format in: (formatted body, engine state)."""
+def apply_cache_salt(request: Request, engine_request: Any) -> None:
+    """With LoRA on, the salt of the vLLM request about to be sent: KV reuse isolated per adapter
+    and weights (see `isolated_cache_salt`). With it off, the client's own `cache_salt`, if any,
+    is used as sent."""
+    if not app_context(request).lora:
+        return
+    use = request_context(request).adapter
+    identity = use.lease.entry.cache_identity() if use is not None and use.lease is not None else None
+    engine_request.cache_salt = isolated_cache_salt(identity, getattr(engine_request, "cache_salt", None))
+
+
+async def read_checked(request: Request, body: Any = UNREAD, *, generates: bool = True) -> tuple[Any, Any]:
+    """read -> check (engine ready) -> resolve adapter and tenant -> format in: (formatted body,
+    engine state). `generates=False` (the render routes only tokenize): no adapter is leased."""
     if body is UNREAD:
         body = await read_json_body(request, app_context(request).config.server.max_request_bytes)
     state = engine_state(request)  # 503 first: nothing runs before the engine is ready
+    if generates:
+        await resolve_adapter(request, body)
     return apply_payload_formatter(request, body), state
 
 
@@ -150,17 +218,16 @@ async def serve(
     headers: dict[str, str] | None = None,
     body: Any = UNREAD,
 ) -> Response:
-    """read -> check -> format in -> parse -> resolve adapter and tenant -> admit -> call vLLM ->
-    format out -> respond (see the module docstring)."""
+    """read -> check -> resolve adapter and tenant -> format in -> admit -> call vLLM -> format
+    out -> respond (see the module docstring)."""
     begin(request, shape)
     body, state = await read_checked(request, body)
     gen = parse(body)
     if inspect.isawaitable(gen):
         gen = await gen
     await check_request(request, gen.request, state)
-    await resolve_adapter(request, gen.request)
     apply_cache_salt(request, gen.request)
-    await admit(request, state, gen.request)
+    await until_disconnect(admit(request, state, gen.request), request)
     result = await call_serving(gen.method(state.serving)(gen.request, request), request)
     shape_stream = gen.shape_stream or (_same if gen.stream == "sse" else sse_to_jsonl)
     ticket = request_context(request).ticket  # hears of the stream's first chunk

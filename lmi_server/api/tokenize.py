@@ -11,12 +11,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from lmi_server.api.adapters.routing import resolve_adapter
 from lmi_server.api.context import Shape, begin
-from lmi_server.api.engine_calls import call_serving
 from lmi_server.api.front_door import send
 from lmi_server.api.openai.routes import parse_request
-from lmi_server.api.pipeline import check_request, read_checked
+from lmi_server.api.pipeline import call_serving, check_request, read_checked
 
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
@@ -35,10 +33,9 @@ class _Union:
 
 async def _run(request: Request, request_type: Any, method: str):
     begin(request, Shape.OPENAI)
-    body, state = await read_checked(request)
+    body, state = await read_checked(request)  # a `model` naming an adapter: leased, or a 404
     parsed = parse_request(request_type, body)
     await check_request(request, parsed, state, generates=False)
-    await resolve_adapter(request, parsed)
     serving = state.serving.serving_tokenization
     return await send(request, await call_serving(getattr(serving, method)(parsed, request), request), lambda r: r.model_dump())
 

@@ -193,7 +193,7 @@ def test_two_apps_share_sessions_over_http(url, tmp_path):
         async with httpx.AsyncClient(transport=transports[0], base_url="http://a") as a, httpx.AsyncClient(
             transport=transports[1], base_url="http://b"
         ) as b:
-            await apps[0].state.session_hook.store.client.flushdb()
+            await apps[0].state.ctx.sessions.store.client.flushdb()
             opened = await a.post("/invocations", json={"requestType": "NEW_SESSION"})
             session_id = opened.headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
             closed = await b.post("/invocations", json={"requestType": "CLOSE"}, headers={SESSION: session_id})

@@ -1,12 +1,13 @@
-"""Choosing the adapter per request (the pipeline's "resolve" stage).
+"""Choosing the adapter per request (the pipeline's "resolve" stage), from the body as it came.
 
-Precedence: header `X-Amzn-SageMaker-Adapter-Identifier`, then the LMI body field `"adapters"`,
-then the `"model"` field naming an adapter; the base model when none is named. Whether LoRA is on
+Precedence: header `X-Amzn-SageMaker-Adapter-Identifier`, then the body field `"adapters"` (LMI's;
+on chat and completion bodies too), then the `"model"` field naming an adapter; the base model when
+none is named. The adapter's input formatter then runs on the body (api/format_in.py). Whether LoRA is on
 or off, a request that names an adapter is served by it or refused with a 404 naming what exists,
 never answered by the base model instead. Resolving takes a lease on the adapter (loading it on
-first use), kept in the request's context; `api/admit.RequestScopeMiddleware` releases it when the
+first use), kept in the request's context; `api/request_scope.RequestScopeMiddleware` releases it when the
 response has been sent completely, streaming included. An adapter's formatters run where all
-formatters run (api/formatting.py).
+formatters run (api/format_in.py, api/respond.py).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from typing import Any
 from fastapi import Request
 
 from lmi_server.adapters.registry import Lease
-from lmi_server.adapters.transforms import isolated_cache_salt
 from lmi_server.api.context import app_context, request_context
 from lmi_server.api.errors import APIError, from_adapter_error
 from lmi_server.api.standards import ADAPTER_HEADER
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ADAPTER_HEADER", "AdapterUse", "adapters_field", "apply_cache_salt", "lmi_adapter_name", "resolve_adapter"]
+__all__ = ["ADAPTER_HEADER", "AdapterUse", "adapter_named", "adapters_field", "resolve_adapter"]
+
+LMI_MODEL_NAME = "lmi"  # LMI's served name when none is set: LMI clients send it for the base model
 
 
 @dataclass
@@ -74,58 +76,42 @@ async def use_adapter(request: Request, name: str) -> AdapterUse:
     return use
 
 
-def adapters_field(request: Request, body: Any) -> Any:
-    """LMI's body field `adapters` on a chat or completion body names the adapter as `model` does
-    (the header still wins), on /invocations and on the /v1 routes alike; it is not passed on to
-    vLLM, which would ignore it and answer with the base model."""
-    if not isinstance(body, dict) or "inputs" in body or "adapters" not in body:
-        return body
-    body = dict(body)
-    names = body.pop("adapters")
-    names = [names] if isinstance(names, str) else names
-    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names) or len(set(names)) > 1:
-        raise APIError(400, "adapters must name one adapter (a string, or a list of one name)", param="adapters", lmi_status=424)
-    if names and not request.headers.get(ADAPTER_HEADER):
-        body["model"] = names[0]
-    return body
-
-
-def lmi_adapter_name(req: Any) -> str | None:
-    """LMI schema: the adapter its body names: `adapters` (one name, or a list naming one
-    adapter), else `model`; None when it names none (the header is read by `resolve_adapter`)."""
-    if req.adapters:
-        names = [req.adapters] if isinstance(req.adapters, str) else list(req.adapters)
+def adapter_named(request: Request, body: Any) -> str | None:
+    """The adapter a request names: the header, else the body's `adapters` (one name, or a list
+    naming one adapter: else 400, LMI's 424), else its `model` when that names neither LMI's "lmi"
+    nor a base model; None for the base model."""
+    name = request.headers.get(ADAPTER_HEADER)
+    if name:
+        return name
+    if not isinstance(body, dict):
+        return None
+    names = body.get("adapters")
+    if names is not None:
+        names = [names] if isinstance(names, str) else names
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise APIError(400, "adapters must name one adapter (a string, or a list of one name)", param="adapters", lmi_status=424)
         distinct = sorted(set(names))
         if len(distinct) > 1:
-            raise APIError(424, f"one adapter per request; got {distinct} (send one request per adapter)")
+            raise APIError(400, f"one adapter per request; got {distinct} (send one request per adapter)",
+                           param="adapters", lmi_status=424)
         if distinct:
             return distinct[0]
-    return getattr(req, "model", None) or None
+    model = body.get("model")
+    if isinstance(model, str) and model and model != LMI_MODEL_NAME and not names_base_model(request, model):
+        return model
+    return None
 
 
-async def resolve_adapter(request: Request, parsed: Any) -> str | None:
-    """The vLLM request's adapter: the header, else its `model` when that names no base model (an
-    adapter, or a 404 naming what is served, LoRA on or off). The lease is taken and
-    `parsed.model` set to the adapter's name (vLLM picks the LoRARequest by it)."""
-    name = request.headers.get(ADAPTER_HEADER) or None
-    model = getattr(parsed, "model", None)
-    if name is None and model and not names_base_model(request, model):
-        name = model
-    if name is None:
-        return None
-    await use_adapter(request, name)
-    parsed.model = name
-    return name
+async def resolve_adapter(request: Request, body: Any) -> AdapterUse | None:
+    """The pipeline's "resolve" stage: the adapter the body names, leased (a 404 naming what is
+    served when there is none such, LoRA on or off), kept in the request's context."""
+    name = adapter_named(request, body)
+    return await use_adapter(request, name) if name is not None else None
 
 
-def apply_cache_salt(request: Request, engine_request: Any) -> None:
-    """With LoRA on, set the salt on the vLLM request about to be sent to the engine: KV reuse
-    isolated per adapter and weights (see `isolated_cache_salt`). With it off, the client's own
-    `cache_salt`, if any, is used as sent."""
-    if not app_context(request).lora:
-        return
-    use: AdapterUse | None = request_context(request).adapter
-    identity = None
-    if use is not None and use.lease is not None:
-        identity = use.lease.entry.cache_identity()
-    engine_request.cache_salt = isolated_cache_salt(identity, getattr(engine_request, "cache_salt", None))
+def adapters_field(body: Any) -> Any:
+    """A chat or completion body without LMI's `adapters` field (read by `resolve_adapter`; vLLM
+    would ignore it and answer with the base model)."""
+    if not isinstance(body, dict) or "inputs" in body or "adapters" not in body:
+        return body
+    return {k: v for k, v in body.items() if k != "adapters"}

@@ -11,12 +11,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-
 from lmi_server.adapters.registry import AdapterRegistry
 from lmi_server.adapters.validation import base_model_info
 from lmi_server.adapters.vllm_backend import VLLMBackend, with_adapter_listing
-from lmi_server.api.adapters import routes as adapter_routes
 from lmi_server.api.context import AppContext
 from lmi_server.api.errors import APIError, engine_unavailable
 
@@ -107,9 +104,9 @@ class AdapterState:
         raise APIError(503, f"adapter registry unavailable: {self._error or 'not built yet'}")
 
 
-def install(app: FastAPI, ctx: AppContext) -> None:
-    """Adapter state and routes. The pipeline resolves adapters whether LoRA is on or off: with it
-    off, a request that names an adapter is a 404, not the base model's answer."""
+def install(ctx: AppContext) -> None:
+    """Adapter state (its routes are mounted from the route table). The pipeline resolves adapters
+    whether LoRA is on or off: with it off, a request that names an adapter is a 404, not the base
+    model's answer."""
     ctx.adapters = AdapterState(ctx.config, ctx.owner)
     ctx.owner.on_ready.append(ctx.adapters.build)
-    app.include_router(adapter_routes.router)

@@ -15,12 +15,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lmi_server.api import output_budget
-from lmi_server.api.adapters.routing import resolve_adapter
 from lmi_server.api.context import Shape, begin
-from lmi_server.api.engine_calls import call_serving, engine_state
 from lmi_server.api.front_door import body_bytes, check_parts, send
 from lmi_server.api.openai.routes import parse_request
-from lmi_server.api.pipeline import Generation, check_request, read_checked, serve
+from lmi_server.api.pipeline import Generation, call_serving, check_request, engine_state, read_checked, serve
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
@@ -110,10 +108,9 @@ async def create_message(request: Request):
 @router.post(COUNT_TOKENS)
 async def count_tokens(request: Request):
     begin(request, Shape.ANTHROPIC)
-    body, state = await read_checked(request)
+    body, state = await read_checked(request)  # a `model` naming an adapter: leased, or a 404
     parsed = parse_request(count_type(), body)
     await check_request(request, parsed, state, generates=False)
     await check_parts(request, state, content_parts(parsed))
-    await resolve_adapter(request, parsed)
     result = await call_serving(state.serving.anthropic_serving_messages.count_tokens(parsed, request), request)
     return await send(request, result, dumped)

@@ -18,9 +18,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lmi_server.api.context import Shape, begin
-from lmi_server.api.engine_calls import call_serving
 from lmi_server.api.openai.routes import chat_request_type, completion_request_type, parse_request
-from lmi_server.api.pipeline import check_request, read_checked
+from lmi_server.api.pipeline import call_serving, check_request, read_checked
 
 CHAT_RENDER = "/v1/chat/completions/render"
 COMPLETION_RENDER = "/v1/completions/render"
@@ -31,7 +30,7 @@ router = APIRouter()
 
 async def _render(request: Request, request_type: Any, route: Any):
     begin(request, Shape.OPENAI)
-    body, state = await read_checked(request)  # 503 until the engine is ready
+    body, state = await read_checked(request, generates=False)  # 503 until the engine is ready
     parsed = parse_request(request_type, body)
     await check_request(request, parsed, state, generates=False)  # as on /v1/chat/completions: a 400, not vLLM's 500
     # vLLM's route functions read the handler from the app's state: the running engine's.

@@ -14,9 +14,8 @@ from fastapi.responses import JSONResponse
 from lmi_server.admission import BadPriority, body_priority
 from lmi_server.api.adapters.routing import adapters_field
 from lmi_server.api.context import Shape, begin
-from lmi_server.api.engine_calls import engine_state
 from lmi_server.api.errors import APIError, validated
-from lmi_server.api.pipeline import Generation, serve
+from lmi_server.api.pipeline import Generation, engine_state, serve
 from lmi_server.kvcache.blend.settings import prompt_boundaries, request_boundaries, request_ratio
 
 router = APIRouter()
@@ -63,23 +62,24 @@ def completion_call(serving: Any):
     return serving.openai_serving_completion.create_completion
 
 
-def generation_parser(request: Request, request_type: Any, method: Any, stream: str = "sse"):
-    """`parse` for the pipeline: LMI's `adapters` field read, then vLLM's request type."""
+def generation_parser(request_type: Any, method: Any, stream: str = "sse"):
+    """`parse` for the pipeline: vLLM's request type (LMI's `adapters` field, read by the pipeline's
+    resolve stage, left out)."""
 
     def parse(body: Any) -> Generation:
-        return Generation(parse_request(request_type, adapters_field(request, body)), method, stream=stream)
+        return Generation(parse_request(request_type, adapters_field(body)), method, stream=stream)
 
     return parse
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request):
-    return await serve(request, generation_parser(request, chat_request_type(), chat_call), shape=Shape.OPENAI)
+    return await serve(request, generation_parser(chat_request_type(), chat_call), shape=Shape.OPENAI)
 
 
 @router.post("/v1/completions")
 async def create_completion(request: Request):
-    return await serve(request, generation_parser(request, completion_request_type(), completion_call), shape=Shape.OPENAI)
+    return await serve(request, generation_parser(completion_request_type(), completion_call), shape=Shape.OPENAI)
 
 
 @router.get("/v1/models")

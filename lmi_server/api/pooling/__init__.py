@@ -1,1 +1,1 @@
-"""pooling front door."""
+"""The pooling front door: embeddings, score and rerank for embedding models."""

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, Valid
 from lmi_server.api.admit import admit
 from lmi_server.api.body import read_json_body
 from lmi_server.api.context import Shape, app_context, begin
-from lmi_server.api.engine_calls import engine_state, until_disconnect
+from lmi_server.api.pipeline import engine_state, until_disconnect
 from lmi_server.api.errors import APIError, from_serving_exception, validated, validation_message
 
 router = APIRouter()
@@ -69,7 +69,7 @@ async def embed(request: Request, parsed: Any, *, serving: str = "serving_embedd
     """Run one request through one of vLLM's pooling serving objects (ServingEmbedding unless told:
     ServingScores for /score and /rerank); its response as vLLM builds it."""
     state = engine_state(request)
-    await admit(request, state, parsed)
+    await until_disconnect(admit(request, state, parsed), request)
     try:
         return await until_disconnect(getattr(state.serving, serving)(parsed, request), request)
     except APIError:

@@ -16,10 +16,9 @@ from fastapi import APIRouter, Request
 from lmi_server.api import output_budget
 from lmi_server.api.adapters.routing import adapters_field
 from lmi_server.api.context import Shape, begin
-from lmi_server.api.engine_calls import call_serving, engine_state
 from lmi_server.api.front_door import body_bytes, check_parts, send
 from lmi_server.api.openai.routes import parse_request
-from lmi_server.api.pipeline import Generation, serve
+from lmi_server.api.pipeline import Generation, call_serving, engine_state, serve
 
 CREATE = "/v1/responses"
 PATHS = (CREATE,)
@@ -100,7 +99,7 @@ def dumped(result: Any) -> Any:
 def parser(request: Request, headers: dict[str, str]):
     async def parse(body: Any) -> Generation:
         size = body_bytes(body)  # before validation, which may put objects in the body
-        parsed = parse_request(request_type(), adapters_field(request, body))
+        parsed = parse_request(request_type(), adapters_field(body))
         state = engine_state(request)
         await check_parts(request, state, content_parts(parsed))
         headers.update(await clamp(state.serving.openai_serving_responses, parsed, size))

@@ -64,4 +64,4 @@ async def invocations(request: Request):
         handled = await run_custom_handler(request, handler, ctx.raw_body)
         if handled is not None:
             return handled
-    return await serve(request, invocations_parser(request, tgi), shape=ctx.shape, headers=session_headers, body=body)
+    return await serve(request, invocations_parser(tgi), shape=ctx.shape, headers=session_headers, body=body)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fastapi import Request
 from pydantic import ValidationError
 
-from lmi_server.api.adapters.routing import adapters_field, lmi_adapter_name
+from lmi_server.api.adapters.routing import LMI_MODEL_NAME, adapters_field
 from lmi_server.api.errors import APIError, validation_message
 from lmi_server.api.openai.routes import chat_call, chat_request_type, completion_call, completion_request_type
-from lmi_server.api.pipeline import LMI_MODEL_NAME, Generation
+from lmi_server.api.pipeline import Generation
 from lmi_server.api.sagemaker.lmi_protocol import (
     LMIRequest,
     ParameterError,
@@ -77,12 +76,11 @@ def _completion_fields() -> frozenset[str]:
 
 def lmi_generation(req: LMIRequest, tgi: bool) -> Generation:
     """An LMI request as vLLM's CompletionRequest, its answer shaped as LMI's (TGI's: a list, or
-    server-sent events). The adapter it names goes in `model` (resolved by the pipeline)."""
+    server-sent events). Its `model` is set by the pipeline: the adapter resolved, else the base model."""
     if req.stream and isinstance(req.inputs, list) and len(req.inputs) != 1:
         raise APIError(424, "streaming takes a single input; send one request per input")
-    model = lmi_adapter_name(req) or LMI_MODEL_NAME  # "lmi": the base model's served name
     try:
-        completion_body = to_completion_body(req, model, _completion_fields())
+        completion_body = to_completion_body(req, LMI_MODEL_NAME, _completion_fields())
         completion_req = completion_request_type().model_validate(completion_body)
     except ParameterError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
@@ -101,12 +99,12 @@ def lmi_generation(req: LMIRequest, tgi: bool) -> Generation:
     )
 
 
-def invocations_parser(request: Request, tgi: bool):
+def invocations_parser(tgi: bool):
     """`parse` for the pipeline: the body's schema detected; chat and completion bodies are sent to
     vLLM as they are (answers in OpenAI's schema, streamed as jsonlines), LMI's translated."""
 
     def parse(body: Any) -> Generation:
-        schema, parsed = detect_schema(adapters_field(request, body))
+        schema, parsed = detect_schema(adapters_field(body))
         if schema == "chat":
             return Generation(parsed, chat_call, stream="jsonl")
         if schema == "completion":

@@ -149,7 +149,7 @@ def test_a_slot_freed_after_the_deadline_does_not_admit_a_late_waiter():
 def test_a_stream_that_is_always_ready_still_lets_the_deadline_fire():
     """A response stream whose source never makes it wait, passed through `yielding` as every
     response stream is: the waiter's 503 comes at its deadline, not when the stream ends."""
-    from lmi_server.api.engine_calls import yielding
+    from lmi_server.api.respond import yielding
 
     async def always_ready(seconds: float):
         end = time.monotonic() + seconds

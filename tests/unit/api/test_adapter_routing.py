@@ -15,11 +15,12 @@ from lmi_server.adapters.formatters import Formatters
 from lmi_server.adapters.transforms import isolated_cache_salt
 from pydantic import BaseModel
 
-from lmi_server.api.adapters.routing import AdapterUse, apply_cache_salt
-from lmi_server.api.admit import RequestScopeMiddleware
+from lmi_server.api.adapters.routing import AdapterUse
+from lmi_server.api.pipeline import apply_cache_salt
+from lmi_server.api.request_scope import RequestScopeMiddleware
 from lmi_server.api.context import REQUEST_KEY, RequestContext, Shape, request_context
 from lmi_server.api.errors import APIError
-from lmi_server.api.formatting import respond
+from lmi_server.api.respond import respond
 
 
 def test_cache_salt_follows_the_requests_adapter():
@@ -211,15 +212,8 @@ def _naming_request(headers=None, registry=None):
     return SimpleNamespace(app=app, headers={ADAPTER_HEADER: headers} if headers else {}, scope={"state": {}})
 
 
-async def _resolve_lmi(request, req):
-    """The pipeline's path for an LMI body: the adapter it names in `model` ("lmi" for none), the
-    "lmi" alias, then the resolver."""
-    from lmi_server.api.adapters.routing import lmi_adapter_name, resolve_adapter
-    from lmi_server.api.pipeline import LMI_MODEL_NAME, lmi_model_alias
-
-    parsed = SimpleNamespace(model=lmi_adapter_name(req) or LMI_MODEL_NAME)
-    lmi_model_alias(parsed, request.app.state.ctx.owner.state)
-    return await resolve_adapter(request, parsed)
+def _fields(**fields):
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 @pytest.mark.parametrize(
@@ -230,7 +224,7 @@ def test_with_lora_off_an_openai_request_naming_an_adapter_is_a_404_naming_the_s
     from lmi_server.api.adapters.routing import resolve_adapter
 
     with pytest.raises(APIError) as err:
-        asyncio.run(resolve_adapter(_naming_request(header), SimpleNamespace(model=model)))
+        asyncio.run(resolve_adapter(_naming_request(header), _fields(model=model, prompt="x")))
     assert err.value.status == 404 and "'ghost'" in err.value.message and "'base-model'" in err.value.message
     assert "option.enable_lora=false" in err.value.message and err.value.param == "model"
 
@@ -240,8 +234,10 @@ def test_with_lora_off_an_openai_request_naming_an_adapter_is_a_404_naming_the_s
     [("ghost", None, None), (None, "ghost", None), (None, ["ghost"], None), (None, None, "ghost")],
 )
 def test_with_lora_off_an_lmi_request_naming_an_adapter_is_a_404(header, adapters, model):
+    from lmi_server.api.adapters.routing import resolve_adapter
+
     with pytest.raises(APIError) as err:
-        asyncio.run(_resolve_lmi(_naming_request(header), SimpleNamespace(adapters=adapters, model=model)))
+        asyncio.run(resolve_adapter(_naming_request(header), _fields(inputs="x", adapters=adapters, model=model)))
     assert err.value.status == 404 and err.value.body(Shape.LMI)["code"] == 404 and "'ghost'" in err.value.message
 
 
@@ -249,23 +245,41 @@ def test_with_lora_off_an_lmi_request_naming_an_adapter_is_a_404(header, adapter
 def test_the_base_model_needs_no_adapter(model):
     from lmi_server.api.adapters.routing import resolve_adapter
 
-    assert asyncio.run(_resolve_lmi(_naming_request(), SimpleNamespace(adapters=None, model=model))) is None
-    if model != "lmi":  # the pipeline maps "lmi" to the served name before resolving
-        assert asyncio.run(resolve_adapter(_naming_request(), SimpleNamespace(model=model))) is None
+    assert asyncio.run(resolve_adapter(_naming_request(), _fields(inputs="x", model=model))) is None
+    assert asyncio.run(resolve_adapter(_naming_request(), _fields(prompt="x", model=model))) is None
 
 
-def test_the_adapters_field_names_the_model_of_a_chat_or_completion_body():
-    from lmi_server.api.adapters.routing import adapters_field
+def test_the_adapter_in_use_is_the_model_vllm_is_asked_for():
+    from lmi_server.api.pipeline import check_request
+
+    base = _naming_request()
+    state = SimpleNamespace(engine=SimpleNamespace(model_config=None), serving=base.app.state.ctx.owner.state.serving)
+    base.app.state.ctx.engine_limits = None
+    using = SimpleNamespace(app=base.app, scope={"state": {REQUEST_KEY: RequestContext(adapter=AdapterUse("pirate", None))}})
+    parsed = SimpleNamespace(model="lmi")
+    asyncio.run(check_request(using, parsed, state))
+    assert parsed.model == "pirate"
+    for model, named in (("base-model", "base-model"), ("lmi", "base-model")):  # "lmi": LMI's name of the base model
+        parsed = SimpleNamespace(model=model)
+        asyncio.run(check_request(base, parsed, state))
+        assert parsed.model == named
+
+
+def test_the_adapters_field_names_the_adapter_of_any_body():
+    from lmi_server.api.adapters.routing import adapter_named, adapters_field
 
     body = {"model": "base-model", "prompt": "x", "adapters": "pirate"}
-    assert adapters_field(_naming_request(), body) == {"model": "pirate", "prompt": "x"}
-    assert adapters_field(_naming_request(), {**body, "adapters": ["pirate"]})["model"] == "pirate"
-    assert adapters_field(_naming_request("shouter"), body) == {"model": "base-model", "prompt": "x"}  # header wins
+    assert adapter_named(_naming_request(), body) == "pirate"
+    assert adapter_named(_naming_request(), {**body, "adapters": ["pirate"]}) == "pirate"
+    assert adapter_named(_naming_request("shouter"), body) == "shouter"  # the header wins
+    assert adapters_field(body) == {"model": "base-model", "prompt": "x"}  # not sent on to vLLM
     lmi_body = {"inputs": "x", "adapters": "pirate"}
-    assert adapters_field(_naming_request(), lmi_body) is lmi_body  # LMI's own schema reads it itself
+    assert adapter_named(_naming_request(), lmi_body) == "pirate"
+    assert adapters_field(lmi_body) is lmi_body  # LMI's own schema reads it itself
     with pytest.raises(APIError) as err:
-        adapters_field(_naming_request(), {**body, "adapters": ["a", "b"]})
+        adapter_named(_naming_request(), {**body, "adapters": ["a", "b"]})
     assert err.value.status == 400 and err.value.param == "adapters"
+    assert err.value.status_for(Shape.LMI) == 424 and "one adapter per request" in err.value.message
     with pytest.raises(APIError) as err:
-        adapters_field(_naming_request(), {**body, "adapters": 3})
+        adapter_named(_naming_request(), {**body, "adapters": 3})
     assert err.value.status_for(Shape.LMI) == 424 and err.value.body(Shape.LMI)["code"] == 424

@@ -118,10 +118,12 @@ def test_the_key_check_answers_each_api_in_its_own_format_and_takes_both_headers
 
 def test_front_door_routes_have_their_own_metric_labels_and_first_tokens():
     from lmi_server import metrics
+    from lmi_server.api.routes import label_for
 
-    assert metrics.route_label("/v1/messages") == "/v1/messages"
-    assert metrics.route_label("/v1/responses") == "/v1/responses"
-    assert metrics.route_label("/v1/responses/resp_123") == metrics.route_label("/v1/responses/resp_456")
+    assert label_for("/v1/messages") == "/v1/messages" and label_for("/tokenize") == "/tokenize"
+    assert label_for("/v1/responses") == "/v1/responses"
+    assert label_for("/v1/responses/resp_123") == label_for("/v1/responses/resp_456") == "/v1/responses/{response_id}"
+    assert label_for("/v1/responses/resp_123/cancel") == "/v1/responses/{response_id}/cancel"
     assert metrics._TOKEN_CHUNK.search(b'event: response.output_text.delta\ndata: {"delta":"The","type":"x"}')
     assert metrics._TOKEN_CHUNK.search(b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi"}}')
     assert not metrics._TOKEN_CHUNK.search(b'data: {"type":"response.created","response":{"text":null}}')

@@ -1,21 +1,22 @@
-"""Where formatters run: once on the way in, once on the way out (LMI's contract, see
-lmi_server/adapters/formatters.py).
+"""The pipeline's last stages, format out and respond: vLLM's result through the output formatter
+(LMI's contract, lmi_server/adapters/formatters.py; the input side is api/format_in.py) and the
+front door's shape into the HTTP response.
 
-In: `apply_payload_formatter` on the decoded body, before its schema is detected.
-Out: `respond` turns vLLM's result into the HTTP response. The output formatter (if any) gets
+`respond` turns vLLM's result into the HTTP response. The output formatter (if any) gets
 vLLM's response object, or each raw stream chunk; what it returns is sent as is, unless it
 returned the same kind of thing it got (an edited response object or `data:` chunk): then the
 response is still shaped for the request's schema by the route's `shape_json` / `shape_stream`.
 
-Which script applies: the adapter named by the request (header `X-Amzn-SageMaker-Adapter-Identifier`,
-else the body's `adapters`, else an OpenAI `model` naming an adapter), per direction, when its
-model.py has a formatter for that direction; else the model directory's model.py. A formatter
-that fails is LMI's 424 (before the response starts; later, an error event ends the stream and
-the generation is aborted). Errors take the request's shape (api/errors.py).
+Which script applies: the adapter the request resolved to (api/adapters/routing.py: header
+`X-Amzn-SageMaker-Adapter-Identifier`, else the body's `adapters`, else a `model` naming an
+adapter), per direction, when its model.py has a formatter for that direction; else the model
+directory's model.py. A formatter that fails is LMI's 424 (before the response starts; later, an
+error event ends the stream and the generation is aborted). Errors take the request's shape (api/errors.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -25,13 +26,46 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lmi_server.adapters.formatters import FormatterError, Formatters
-from lmi_server.api.context import RequestContext, Shape, app_context, request_context
+from lmi_server.api.context import RequestContext, Shape, request_context
 from lmi_server.api.errors import APIError, stream_error_event
-from lmi_server.api.standards import ADAPTER_HEADER
 
 log = logging.getLogger(__name__)
 
-NO_FORMATTERS = Formatters(owner="the model")
+async def yielding(body: AsyncIterator[Any], ticket: Any = None) -> AsyncIterator[Any]:
+    """A response stream passed through, suspending once per chunk. An `await` on something
+    already done does not give the event loop a turn, so a stream whose source is always ready
+    (a fast engine) could otherwise hold the loop: timers (queue-wait deadlines), other responses
+    and new connections would wait for it. The admission ticket hears of the first chunk."""
+    async for chunk in body:
+        if ticket is not None:
+            ticket.first_token()
+        yield chunk
+        await asyncio.sleep(0)
+
+
+async def sse_to_jsonl(body: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """vLLM's SSE events as jsonlines (LMI's stream on /invocations): one JSON object per line,
+    `[DONE]` dropped, an error event as LMI's flat `{"error": ..., "code": ...}`."""
+    async for chunk in body:
+        text = chunk.decode("utf-8") if isinstance(chunk, bytes) else str(chunk)
+        out = []
+        for line in text.splitlines():
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            if not data or data == "[DONE]":
+                continue
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                out.append(data)
+                continue
+            if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict) and "choices" not in parsed:
+                err = parsed["error"]
+                data = json.dumps({"error": err.get("message", str(err)), "code": err.get("code", 424)})
+            out.append(data)
+        if out:
+            yield ("\n".join(out) + "\n").encode("utf-8")
 
 
 async def close_streams(ctx: RequestContext) -> None:
@@ -43,57 +77,6 @@ async def close_streams(ctx: RequestContext) -> None:
             await gen.aclose()
         except Exception:  # noqa: BLE001 - closing is best effort; the engine side logs its own
             log.debug("closing a response stream failed", exc_info=True)
-
-
-def _adapter_named(request: Request, body: Any) -> str | None:
-    name = request.headers.get(ADAPTER_HEADER)
-    if name:
-        return name
-    if not isinstance(body, dict):
-        return None
-    adapters = body.get("adapters")
-    if isinstance(adapters, str) and adapters:
-        return adapters
-    if isinstance(adapters, list) and len(set(map(str, adapters))) == 1:
-        return str(adapters[0])
-    model = body.get("model")
-    return model if isinstance(model, str) and model else None
-
-
-def _adapter_formatters(request: Request, name: str | None) -> Formatters | None:
-    if name is None:
-        return None
-    manager = app_context(request).adapters
-    try:
-        registry = manager.registry() if manager is not None else None
-        return registry.get(name).formatters if registry is not None else None
-    except Exception:  # noqa: BLE001 - not an adapter (a base model name) or not ready: the resolver says so later
-        return None
-
-
-def _tokenizer(request: Request) -> Any:
-    engine = getattr(app_context(request).owner.state, "engine", None)
-    try:
-        return engine.get_tokenizer() if engine is not None else None
-    except Exception:  # noqa: BLE001 - a formatter that needs it will say so itself
-        return None
-
-
-def apply_payload_formatter(request: Request, body: Any) -> Any:
-    """The body as the payload formatter returns it; records which response formatter applies."""
-    model_level: Formatters = app_context(request).model_formatters or NO_FORMATTERS
-    adapter = _adapter_formatters(request, _adapter_named(request, body))
-    source_in = adapter if adapter is not None and adapter.has_input else model_level
-    source_out = adapter if adapter is not None and adapter.has_output else model_level
-    if source_out.response_output is not None:
-        request_context(request).formatters = source_out
-    if source_in.payload_input is None:
-        return body
-    try:
-        return source_in.format_payload(body, tokenizer=_tokenizer(request))
-    except FormatterError as exc:
-        log.warning("formatters: %s", exc)
-        raise APIError(424, f"Custom formatter failed: {exc}") from None
 
 
 def _encode(value: Any) -> bytes | None:
