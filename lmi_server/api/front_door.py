@@ -49,3 +49,23 @@ async def send(request: Request, result: Any, dump: Callable[[Any], Any], shape_
         request, result, shape_json=lambda body: body, shape_stream=shape_stream or (lambda events: events),
         kind="sse", headers=None, dump=dump,
     )
+
+
+def request_bodies(components: dict[str, Any]) -> dict[str, Any]:
+    """The bodies the Responses, Messages and tokenizer routes read themselves (for /openapi.json)."""
+    from pydantic import TypeAdapter
+    from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+    from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest, TokenizeRequest
+
+    from lmi_server.api.openapi import REF, _schema_of
+
+    tokenize = TypeAdapter(TokenizeRequest).json_schema(ref_template=REF)
+    components.update(tokenize.pop("$defs", {}))
+    return {
+        "/v1/responses": _schema_of(ResponsesRequest, components),
+        "/v1/messages": _schema_of(AnthropicMessagesRequest, components),
+        "/v1/messages/count_tokens": _schema_of(AnthropicCountTokensRequest, components),
+        "/tokenize": tokenize,
+        "/detokenize": _schema_of(DetokenizeRequest, components),
+    }

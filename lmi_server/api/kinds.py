@@ -101,8 +101,14 @@ def _embedding_bodies(components: dict[str, Any]) -> dict[str, Any]:
     return request_bodies(components)
 
 
+def _generate_bodies(components: dict[str, Any]) -> dict[str, Any]:
+    from lmi_server.api.front_door import request_bodies
+
+    return {**_render_bodies(components), **request_bodies(components)}
+
+
 REQUEST_BODIES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    table.GENERATE: _render_bodies,
+    table.GENERATE: _generate_bodies,
     table.EMBED: _embedding_bodies,
 }
 """Bodies a kind's routes read themselves, for /openapi.json (beyond the generation ones)."""

@@ -254,6 +254,8 @@ def test_tokenize_detokenize_round_trip(assistant, context_length):
     assert text["prompt"] == "Hello, front doors!"
     unknown = httpx.post(assistant.base_url + "/tokenize", json={"model": "no-such-model", "prompt": "x"}, headers=headers, timeout=60)
     assert unknown.status_code == 404
+    outside = httpx.post(assistant.base_url + "/detokenize", json={"model": MODEL, "tokens": [2**62]}, headers=headers, timeout=60)
+    assert outside.status_code == 400 and "tokens" in outside.json()["error"]["message"]
 
 
 # --- OpenAI Agents SDK ---------------------------------------------------------------------------

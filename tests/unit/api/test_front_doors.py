@@ -127,3 +127,29 @@ def test_front_door_routes_have_their_own_metric_labels_and_first_tokens():
     assert metrics._TOKEN_CHUNK.search(b'event: response.output_text.delta\ndata: {"delta":"The","type":"x"}')
     assert metrics._TOKEN_CHUNK.search(b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi"}}')
     assert not metrics._TOKEN_CHUNK.search(b'data: {"type":"response.created","response":{"text":null}}')
+
+
+def test_openapi_documents_the_front_doors_bodies(tmp_path):
+    from lmi_server.api.app import create_app
+    from lmi_server.config.schema import build_serving_config
+
+    doc = create_app(build_serving_config({}, tmp_path), {"model": "x"}, start_engine=False).openapi()
+
+    def body(path):
+        return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+    assert body("/v1/responses") == {"$ref": "#/components/schemas/ResponsesRequest"}
+    assert body("/v1/messages") == {"$ref": "#/components/schemas/AnthropicMessagesRequest"}
+    assert body("/v1/messages/count_tokens") == {"$ref": "#/components/schemas/AnthropicCountTokensRequest"}
+    assert "anyOf" in body("/tokenize") and body("/detokenize") == {"$ref": "#/components/schemas/DetokenizeRequest"}
+    assert "max_tokens" in doc["components"]["schemas"]["AnthropicMessagesRequest"]["required"]
+
+
+def test_detokenize_refuses_ids_outside_the_vocabulary():
+    from lmi_server.api.tokenize import check_token_ids
+
+    state = SimpleNamespace(engine=SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: 100)))
+    check_token_ids(SimpleNamespace(tokens=[0, 99]), state)
+    with pytest.raises(APIError) as refused:
+        check_token_ids(SimpleNamespace(tokens=[5, 2**62]), state)
+    assert refused.value.status == 400 and str(2**62) in refused.value.message
