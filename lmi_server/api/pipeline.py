@@ -19,7 +19,8 @@ A front door (`api/openai/`, `api/sagemaker/`, and any new one) is one module th
 - check: the engine is ready (503 with Retry-After);
 - resolve adapter and tenant: the adapter the request names (header, body `adapters`, `model`)
   leased, loading it on first use (404 naming what is served when there is none such; LoRA on or
-  off, never the base model's answer instead); the tenant (API key, adapter, operator's header);
+  off, never the base model's answer instead); with it everything the tenant is known by (the API
+  key, else this adapter, else the operator's header: named as admission starts);
 - format in: the payload formatter of that adapter (else of the model directory) rewrites the body;
   the output formatter that applies is recorded; then the front door's `parse` (its 400/422/424s)
   and the parsed request's checks: content parts the model cannot read, foreign message formats,
@@ -200,8 +201,8 @@ def apply_cache_salt(request: Request, engine_request: Any) -> None:
 
 
 async def read_checked(request: Request, body: Any = UNREAD, *, generates: bool = True) -> tuple[Any, Any]:
-    """read -> check (engine ready) -> resolve adapter and tenant -> format in: (formatted body,
-    engine state). `generates=False` (the render routes only tokenize): no adapter is leased."""
+    """read -> check (engine ready) -> resolve the adapter -> format in: (formatted body, engine
+    state). `generates=False` (the render routes only tokenize): no adapter is leased."""
     if body is UNREAD:
         body = await read_json_body(request, app_context(request).config.server.max_request_bytes)
     state = engine_state(request)  # 503 first: nothing runs before the engine is ready
