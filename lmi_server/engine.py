@@ -1,6 +1,6 @@
 """Builds and owns the vLLM engine and vLLM's own OpenAI serving objects.
 
-The serving objects (chat, completion, models, tokenization) come from vLLM's `init_app_state`,
+The serving objects (chat, completion, Responses, Anthropic Messages, models, tokenization) come from vLLM's `init_app_state`,
 fed with a namespace produced by vLLM's own CLI parser, so chat templates, sampling parameters,
 validation and SSE streaming behave exactly as in `vllm serve`. vLLM is imported only here.
 """
@@ -19,7 +19,7 @@ from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lmi_server import engine_launcher, startup_failure
+from lmi_server import engine_launcher, response_store, startup_failure
 from lmi_server.config import host
 from lmi_server.config.model_kind import check_engine_kind
 from lmi_server.config.schema import ServingConfig
@@ -235,7 +235,9 @@ class EngineOwner:
         serving = State()
         supported_tasks = await engine.get_supported_tasks()
         check_engine_kind(self.cfg.kind, supported_tasks)  # the routes mounted are the kind's: vLLM must agree
-        await init_app_state(engine, serving, args, supported_tasks)
+        await init_app_state(engine, serving, args, supported_tasks)  # also the Responses and Messages serving
+        if response_store.install(getattr(serving, "openai_serving_responses", None), self.cfg.server.responses_store_size):
+            log.info("Responses API: up to %d responses stored for previous_response_id", self.cfg.server.responses_store_size)
         self.state.engine = engine
         self.state.serving = serving
         self.state.args = args

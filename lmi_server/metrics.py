@@ -32,8 +32,9 @@ TTFT = Histogram(
 
 DERIVED = CollectorRegistry(auto_describe=True)
 
-# A streamed chunk carries text when an OpenAI delta/choice or an LMI token has non-empty text.
-_TOKEN_CHUNK = re.compile(rb'"(?:content|text)":\s*"[^"]')
+# A streamed chunk carries text when an OpenAI delta/choice, an Anthropic text delta or an LMI token
+# has non-empty text, or a Responses API delta event a non-empty delta.
+_TOKEN_CHUNK = re.compile(rb'"(?:content|text|delta)":\s*"[^"]')
 
 def render() -> bytes:
     """The exposition text of this process's metrics: vLLM's, ours and the derived ones."""

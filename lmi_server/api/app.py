@@ -17,6 +17,7 @@ from lmi_server.api import kinds
 from lmi_server.api import routes as route_table
 from lmi_server.api.adapters import wiring as adapter_wiring
 from lmi_server.api.request_scope import RequestScopeMiddleware
+from lmi_server.api.anthropic import error_body_for
 from lmi_server.api.auth import APIKeyMiddleware, load_api_key_entries
 from lmi_server.api.context import AppContext
 from lmi_server.api.errors import install_error_handlers
@@ -149,7 +150,9 @@ def create_app(
     app.state.draining = False
     app.state.exit_code = 0
     install_error_handlers(app)
-    app.add_middleware(APIKeyMiddleware, keys=api_keys, metrics_public=cfg.security.metrics_public)
+    app.add_middleware(
+        APIKeyMiddleware, keys=api_keys, metrics_public=cfg.security.metrics_public, error_body=error_body_for
+    )
     app.add_middleware(MetricsMiddleware, label=route_table.label_for)  # each route under its own label
     if owner.frontend_args.get("enable_request_id_headers"):
         from vllm.entrypoints.serve.middleware.x_request_id import XRequestIdMiddleware

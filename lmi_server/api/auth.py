@@ -3,7 +3,7 @@ table (api/routes.py: /ping, /health and /live).
 
 Keys come from `option.api_key` (comma-separated, for rotation; also `OPTION_API_KEY`) and
 `option.api_key_file` (one per line). A request presents one as `Authorization: Bearer KEY`
-(what the OpenAI client sends) or `X-Api-Key: KEY`; it is compared with every configured key
+(what the OpenAI client sends) or `X-Api-Key: KEY` (what Anthropic's clients send); it is compared with every configured key
 in constant time (sha256 digests through `hmac.compare_digest`, so neither content nor length
 leaks). No key configured: nothing is checked, and `warn_if_unprotected` logs one warning when
 the server listens beyond loopback.
@@ -152,8 +152,10 @@ def _digest(value: str) -> bytes:
 
 
 class APIKeyMiddleware:
-    def __init__(self, app, keys: list[str] | list[KeyEntry], *, metrics_public: bool = False):
+    def __init__(self, app, keys: list[str] | list[KeyEntry], *, metrics_public: bool = False, error_body=None):
+        """`error_body(path, error)`: the refusal's body in the format of the path's API (default OpenAI's)."""
         self.app = app
+        self.error_body = error_body or (lambda path, err: err.body())
         self._entries = [k if isinstance(k, KeyEntry) else KeyEntry(key=k, name=default_key_name(k)) for k in keys]
         self._digests = [_digest(e.key) for e in self._entries]
         self.metrics_public = metrics_public
@@ -200,5 +202,5 @@ class APIKeyMiddleware:
             f"{reason}: send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-        response = JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        response = JSONResponse(self.error_body(scope["path"], err), status_code=err.status, headers=err.headers)
         await response(scope, receive, send)

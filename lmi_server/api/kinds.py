@@ -51,6 +51,24 @@ def _adapters() -> APIRouter:
     return router
 
 
+def _responses() -> APIRouter:
+    from lmi_server.api.responses import router
+
+    return router
+
+
+def _anthropic() -> APIRouter:
+    from lmi_server.api.anthropic import router
+
+    return router
+
+
+def _tokenize() -> APIRouter:
+    from lmi_server.api.tokenize import router
+
+    return router
+
+
 def _metrics() -> APIRouter:
     from lmi_server.api.metrics_route import router
 
@@ -64,6 +82,9 @@ ROUTERS: dict[str, Callable[[], APIRouter]] = {
     "pooling": _pooling,
     "adapters": _adapters,
     "metrics": _metrics,
+    "responses": _responses,
+    "anthropic": _anthropic,
+    "tokenize": _tokenize,
 }
 """Front doors by the name the route table gives them."""
 
@@ -80,15 +101,22 @@ def _embedding_bodies(components: dict[str, Any]) -> dict[str, Any]:
     return request_bodies(components)
 
 
+def _generate_bodies(components: dict[str, Any]) -> dict[str, Any]:
+    from lmi_server.api.front_door import request_bodies
+
+    return {**_render_bodies(components), **request_bodies(components)}
+
+
 REQUEST_BODIES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    table.GENERATE: _render_bodies,
+    table.GENERATE: _generate_bodies,
     table.EMBED: _embedding_bodies,
 }
 """Bodies a kind's routes read themselves, for /openapi.json (beyond the generation ones)."""
 
 # What a client of the wrong kind is told to use instead.
 INSTEAD = {
-    "generate": "POST /v1/chat/completions, /v1/completions or /invocations with {\"inputs\": ..., \"parameters\": {...}}",
+    "generate": "POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages or /invocations with "
+    "{\"inputs\": ..., \"parameters\": {...}}",
     "embed": "POST /v1/embeddings, /score, /rerank, or /invocations with {\"inputs\": \"text\" | [\"text\", ...]}",
     "classify": "nothing here yet: this server serves generating and embedding models",
 }

@@ -82,6 +82,8 @@ class Generation:
     """vLLM's SSE events -> the stream sent; None: SSE as is, or jsonlines when `stream="jsonl"`."""
     stream: str = "sse"
     """Wire format of a streamed answer: "sse" or "jsonl"."""
+    dump: Callable[[Any], Any] | None = None
+    """vLLM's answer object -> JSON values before `shape_json`; None: `model_dump(exclude_none=False)`."""
 
 
 def engine_state(request: Request):
@@ -146,7 +148,8 @@ def reject_foreign_messages(parsed: Any, state: Any) -> None:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind is not None and kind not in TEXT_PART_TYPES:
                     raise APIError(400, f"messages[{i}]: content of type {kind!r} needs a multimodal model; this model reads text")
-    foreign = [i for i, m in enumerate(messages) if not isinstance(m, dict)]
+    # Harmony's Message has an author; other typed messages (Anthropic's) are their front door's to check
+    foreign = [i for i, m in enumerate(messages) if not isinstance(m, dict) and hasattr(m, "author")]
     if not foreign:
         return
     hf_config = getattr(model_config, "hf_config", None)
@@ -231,5 +234,5 @@ async def serve(
     ticket = request_context(request).ticket  # hears of the stream's first chunk
     return await respond(
         request, result, shape_json=gen.shape_json, shape_stream=shape_stream, kind=gen.stream, headers=headers,
-        wrap=lambda stream: yielding(stream, ticket),
+        wrap=lambda stream: yielding(stream, ticket), **({"dump": gen.dump} if gen.dump is not None else {}),
     )

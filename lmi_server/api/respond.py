@@ -234,10 +234,11 @@ async def respond(
     kind: str,
     headers: dict[str, str] | None,
     wrap: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] = lambda body: body,
+    dump: Callable[[Any], Any] = lambda value: value.model_dump(exclude_none=False),
 ) -> Response:
     """The one way out: vLLM's result -> output formatter (if any) -> the schema's shape ->
     response. `kind` is the stream's wire format ("sse" or "jsonl"); `wrap` sees the body last
-    (the admission ticket's first-token hook)."""
+    (the admission ticket's first-token hook); `dump` turns a response object into JSON values."""
     ctx = request_context(request)
     formatters = ctx.formatters
     media = "text/event-stream" if kind == "sse" else "application/jsonlines"
@@ -251,7 +252,7 @@ async def respond(
                 raise APIError(424, f"Custom formatter failed: {exc}") from None
             if not isinstance(value, type(result)):
                 return _sent_as_is(value, headers)
-        return JSONResponse(shape_json(value.model_dump(exclude_none=False)), headers=headers)
+        return JSONResponse(shape_json(dump(value)), headers=headers)
     _track(ctx, result)
     if formatters is None:
         body = _encoded(_track(ctx, shape_stream(result)))

@@ -75,9 +75,10 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/models", ("GET",), "openai"),
     _gen("/v1/chat/completions/render", "render"),
     _gen("/v1/completions/render", "render"),
-    # front doors being added: OpenAI Responses, Anthropic Messages, tokenizer
+    # OpenAI Responses, Anthropic Messages, vLLM's tokenizer
     _gen("/v1/responses", "responses"),
     _gen("/v1/responses/{response_id}", "responses", ("GET",)),
+    _gen("/v1/responses/{response_id}/cancel", "responses"),
     _gen("/v1/messages", "anthropic"),
     _gen("/v1/messages/count_tokens", "anthropic"),
     _gen("/tokenize", "tokenize"),

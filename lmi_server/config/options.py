@@ -49,6 +49,11 @@ class ServerOptions(BaseModel):
         description="Most pixels (width x height, read from the image's header before decoding) an image may "
         "have; more is a 400.",
     )
+    responses_store_size: int = Field(
+        1000, ge=0,
+        description="Responses (POST /v1/responses) kept for `previous_response_id` and GET /v1/responses/{id}, "
+        "least recently used dropped first; 0 stores none.",
+    )
     cpu_kv_cache_space: int | None = Field(
         None,
         ge=1,
