@@ -17,6 +17,7 @@ import os
 import time
 from argparse import Namespace
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from lmi_server import engine_launcher, response_store, startup_failure
@@ -95,7 +96,7 @@ class EngineState:
     error: str | None = None
     failure: startup_failure.StartupFailure | None = None  # why the last build failed, with the fix
     engine: Any = None
-    serving: Any = None  # starlette State holding vLLM's serving objects
+    serving: Any = None  # a namespace holding vLLM's serving objects (vLLM's init_app_state fills it)
     args: Namespace | None = None
     started_at: float = field(default_factory=time.monotonic)
     ready_after_s: float | None = None
@@ -204,7 +205,6 @@ class EngineOwner:
         return startup_failure.diagnose(exc, reported, ctx)
 
     async def _build(self) -> None:
-        from starlette.datastructures import State
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.usage.usage_lib import UsageContext
@@ -232,7 +232,7 @@ class EngineOwner:
             enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats,
         )
-        serving = State()
+        serving = SimpleNamespace()  # what vLLM's init_app_state fills: attributes only, no HTTP needed
         supported_tasks = await engine.get_supported_tasks()
         check_engine_kind(self.cfg.kind, supported_tasks)  # the routes mounted are the kind's: vLLM must agree
         await init_app_state(engine, serving, args, supported_tasks)  # also the Responses and Messages serving

@@ -106,11 +106,20 @@ def parse_priority(headers: Any, parsed: Any) -> int:
     return value
 
 
+TEXT_KEYS = ("content", "text", "arguments", "output", "input", "system", "instructions")
+"""Where a request's text lives: OpenAI chat/completion, Responses items (`output` of a tool
+result) and Anthropic's typed blocks, as dicts or as the protocol's pydantic objects."""
+PROMPT_FIELDS = ("prompt", "messages", "input", "system", "instructions")
+OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
 def _text_chars(value: Any) -> int:
     if isinstance(value, str):
         return len(value)
+    if hasattr(value, "model_dump"):  # the protocols' typed messages and blocks
+        value = value.model_dump(exclude_none=True)
     if isinstance(value, dict):
-        return sum(_text_chars(v) for k, v in value.items() if k in ("content", "text", "arguments"))
+        return sum(_text_chars(v) for k, v in value.items() if k in TEXT_KEYS)
     if isinstance(value, (list, tuple)):
         if value and all(isinstance(v, int) for v in value):
             return 4 * len(value)  # token ids: one each
@@ -119,15 +128,14 @@ def _text_chars(value: Any) -> int:
 
 
 def estimate_tokens(parsed: Any) -> int:
-    """Tokens a request may use, known before it runs: its prompt at ~4 characters a token, plus
-    the most it may generate (max_tokens / max_completion_tokens; vLLM's default 16 when unset).
-    An embedding request (`input`) generates nothing: its texts only."""
-    prompt = getattr(parsed, "prompt", None)
-    if prompt is None:
-        prompt = getattr(parsed, "messages", None)
-    if prompt is None and getattr(parsed, "input", None) is not None:
-        return int(math.ceil(_text_chars(parsed.input) / 4))
-    prompt_tokens = math.ceil(_text_chars(prompt) / 4)
-    out = getattr(parsed, "max_completion_tokens", None) or getattr(parsed, "max_tokens", None) or 16
+    """Tokens a request may use, known before it runs: its prompt at ~4 characters a token (the
+    prompt, messages, Responses input and instructions, Anthropic's system), plus the most it may
+    generate (max_tokens / max_completion_tokens / max_output_tokens; vLLM's default 16 when unset).
+    A request type with none of those output fields (embeddings) generates nothing: its texts only."""
+    text = sum(_text_chars(getattr(parsed, name, None)) for name in PROMPT_FIELDS)
+    prompt_tokens = math.ceil(text / 4)
+    if parsed is not None and not any(hasattr(parsed, name) for name in OUTPUT_FIELDS):
+        return int(prompt_tokens)
+    out = next((v for v in (getattr(parsed, name, None) for name in OUTPUT_FIELDS) if v), None) or 16
     n = getattr(parsed, "n", None) or 1
     return int(prompt_tokens + out * n)

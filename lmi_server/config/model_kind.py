@@ -39,7 +39,8 @@ ARCHITECTURE_SUFFIXES: list[tuple[str, Kind]] = [
 
 # What each kind serves, for messages and `lmi-server config`.
 SERVES: dict[str, str] = {
-    "generate": "text generation: /v1/chat/completions, /v1/completions, /invocations (LMI, chat, completion)",
+    "generate": "text generation: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
+    "/invocations (LMI, chat, completion)",
     "embed": "text embeddings: /v1/embeddings, /invocations ({\"inputs\": str | [str]} -> a list of vectors), /score, /rerank",
     "classify": "classification (vLLM's pooling runner); neither generation nor embedding routes apply",
 }

@@ -54,3 +54,21 @@ def test_config_and_key_entries_make_weights_and_limits(tmp_path):
                 {"option.tenant_queue_share": "0"}, {"option.tenant_header": "x tenant"}):
         with pytest.raises(ConfigError):
             build_serving_config({"option.model_id": "lmi-demo", **bad}, tmp_path)
+
+
+def test_token_estimate_reads_the_responses_and_messages_bodies():
+    """Per-tenant token limits count the new front doors' prompts and budgets, typed or not."""
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    messages = AnthropicMessagesRequest.model_validate({
+        "model": "m", "max_tokens": 10, "system": "s" * 40,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}]}],
+    })
+    assert estimate_tokens(messages) == 10 + 10 + 10
+    responses = ResponsesRequest.model_validate({
+        "model": "m", "max_output_tokens": 7, "instructions": "i" * 40,
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "y" * 80}]}],
+    })
+    assert estimate_tokens(responses) == 10 + 20 + 7
+    assert estimate_tokens(ResponsesRequest.model_validate({"model": "m", "input": "z" * 40})) >= 10
