@@ -18,7 +18,7 @@ from typing import Any
 
 from fastapi import Request
 
-from lmi_server.adapters.registry import Lease
+from lmi_server.adapters.registry import AdapterNotFound, Lease
 from lmi_server.api.context import app_context, request_context
 from lmi_server.api.errors import APIError, from_adapter_error
 from lmi_server.api.standards import ADAPTER_HEADER
@@ -65,6 +65,10 @@ async def use_adapter(request: Request, name: str) -> AdapterUse:
         )
     try:
         registry.get(name)
+    except AdapterNotFound as exc:
+        served = ", ".join(repr(n) for n in base_names(request)) or "its base model"
+        raise APIError(404, f"model {name!r} not found: this server serves {served}{str(exc).partition(' not found')[2]}",
+                       param="model") from None
     except Exception as exc:
         raise (from_adapter_error(exc, param="model") or exc) from None
     use = AdapterUse(name=name, lease=None)

@@ -241,6 +241,20 @@ def test_with_lora_off_an_lmi_request_naming_an_adapter_is_a_404(header, adapter
     assert err.value.status == 404 and err.value.body(Shape.LMI)["code"] == 404 and "'ghost'" in err.value.message
 
 
+def test_with_lora_on_an_unknown_model_is_a_404_naming_the_base_model_and_the_adapters():
+    from lmi_server.adapters.registry import AdapterNotFound
+    from lmi_server.api.adapters.routing import resolve_adapter
+
+    def get(name):
+        raise AdapterNotFound(name, ["pirate", "shouter"])
+
+    with pytest.raises(APIError) as err:
+        asyncio.run(resolve_adapter(_naming_request(registry=SimpleNamespace(get=get)), {"model": "ghost", "prompt": "x"}))
+    message = err.value.message
+    assert err.value.status == 404 and err.value.param == "model"
+    assert "'ghost'" in message and "'base-model'" in message and "pirate, shouter" in message
+
+
 @pytest.mark.parametrize("model", [None, "base-model", "lmi"])
 def test_the_base_model_needs_no_adapter(model):
     from lmi_server.api.adapters.routing import resolve_adapter
