@@ -35,12 +35,23 @@ BASE_PROPS = {
 }
 LORA_PROPS = {"option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8"}
 LAST_MODULES = ("test_concurrent_fuzz.py",)
+SHARED_SERVERS = ("server", "busy_server", "assistant_with_lora")
 
 
 def pytest_collection_modifyitems(config, items):
     """The fuzzer after everything else: it loads adapters and fills caches that other modules
     expect fresh, and it reuses their session servers."""
     items.sort(key=lambda item: item.path.name in LAST_MODULES)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop a session server once no test left in the run asks for it (its fixture's teardown at
+    the session's end then finds it stopped): fewer idle engines side by side."""
+    later = item.session.items[item.session.items.index(item) + 1:]
+    for name in SHARED_SERVERS:
+        proc = (getattr(item, "funcargs", None) or {}).get(name)
+        if proc is not None and not any(name in other.fixturenames for other in later):
+            proc.stop()
 
 
 @pytest.fixture(scope="session")

@@ -55,6 +55,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.ping_history: list[int] = []
         self.ready_after_s: float | None = None
+        self.stopped = False
 
     def start(self) -> ServerProcess:
         argv = self.argv or [
@@ -101,6 +102,9 @@ class ServerProcess:
         anything behind, even when a test failed."""
         if self.proc is None:
             return None
+        if self.stopped:  # a shared server stopped early (tests/e2e/conftest.py), then at its teardown
+            return self.proc.returncode
+        self.stopped = True
         return process.stop(self.proc, timeout, term_group=bool(self.argv), leftovers_grace_s=10)
 
 
