@@ -1,6 +1,7 @@
 """A request that names an adapter is served by it or refused with a 404 naming what exists, on
 every route and in every way of naming it, with LoRA on and off: never the base model's answer
-under another name. Unknown names only, so the shared servers' adapters stay unloaded."""
+under another name. Unknown names only, so the shared servers' adapters stay unloaded. LoRA off:
+`busy_server`; LoRA on: the shared `server` (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ def _check_every_way(server, exists: str) -> None:
     assert r.status_code == 200 and r.json()["model"] == "lmi-demo", r.text
 
 
-def test_with_lora_off_every_way_of_naming_an_adapter_is_a_404_naming_the_served_model(server):
-    _check_every_way(server, "'lmi-demo'")
+def test_with_lora_off_every_way_of_naming_an_adapter_is_a_404_naming_the_served_model(busy_server):
+    _check_every_way(busy_server, "'lmi-demo'")
 
 
 def test_with_lora_on_every_way_of_naming_an_unknown_adapter_is_a_404_naming_the_registered_ones(lora):

@@ -1,22 +1,14 @@
 """The README's LoRA example on the embedded assistant: its example adapters, listed without any
-option but enable_lora, change real answers (pirate speak; shouter's formatter upper-cases)."""
+option but enable_lora, change real answers (pirate speak; shouter's formatter upper-cases). The
+server (`assistant_with_lora`, tests/e2e/conftest.py) is shared with tests/e2e/test_assistant_eagle.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.server import running_server
-
 pytestmark = pytest.mark.e2e
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def assistant_with_lora(tmp_path_factory):
-    props = {"option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8", "option.cpu_kv_cache_space": "1"}
-    with running_server(tmp_path_factory.mktemp("assistant-lora"), props) as proc:
-        yield proc
 
 
 @pytest.fixture(scope="module")

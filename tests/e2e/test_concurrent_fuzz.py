@@ -1,8 +1,9 @@
 """Valid requests in every combination the APIs accept, 1, 2, 4 and 8 at a time, against the
-session's servers (the base model with tools; LoRA with the example adapters): no engine death, no
-5xx, no hang, each answer from the model or adapter it named. Seeded (LMI_FUZZ_SEED) and bounded
-(LMI_FUZZ_SECONDS per configuration); `make fuzz` runs it long over every shipped configuration
-(scripts/fuzz_valid.py). Runs after every other module (tests/e2e/conftest.py)."""
+session's shared server (tools and LoRA on, the example adapters; the base model alone, then
+adapters and the base model mixed): no engine death, no 5xx, no hang, each answer from the model
+or adapter it named. Seeded (LMI_FUZZ_SEED) and bounded (LMI_FUZZ_SECONDS per configuration);
+`make fuzz` runs it long over every shipped configuration (scripts/fuzz_valid.py). Runs after
+every other module (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 

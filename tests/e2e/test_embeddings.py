@@ -1,7 +1,7 @@
 """Text embeddings end to end on the built-in all-MiniLM-L6-v2 (option.model_id=all-minilm-l6-v2):
 the vectors the server gives (OpenAI's /v1/embeddings through the official client, LMI's
 /invocations) equal sentence-transformers' own for the same texts from the same package
-directory; option.normalize=false gives the un-normalized ones; a batch, base64, dimensions and
+directory; `use_activation=false` in a request gives the un-normalized ones; a batch, base64, dimensions and
 the token limit behave as documented; bad requests get a 4xx and the server keeps serving."""
 
 from __future__ import annotations
@@ -140,19 +140,23 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(server, path,
     still_serving(server)
 
 
-def test_normalize_false_gives_the_unnormalized_vectors(tmp_path_factory, reference):
+def test_normalize_false_gives_the_unnormalized_vectors(server, client, reference):
+    """Per request (vLLM's `use_activation=false`, what option.normalize=false sets for the whole
+    server through pooler_config.use_activation; that mapping: tests/unit/config/test_lmi_keys.py),
+    on the shared server: through the official client and a plain HTTP body alike."""
     raw_reference = reference(TEXTS, normalize=False)
     assert not np.allclose(np.linalg.norm(raw_reference, axis=1), 1.0, atol=1e-2)  # the check below means something
-    props = {**PROPS, "option.normalize": "false"}
-    with running_server(tmp_path_factory.mktemp("embed-raw"), props) as raw_server:
-        got = httpx.post(raw_server.base_url + "/invocations", json={"inputs": TEXTS}, timeout=60).json()
-        from openai import OpenAI
-
-        openai = OpenAI(base_url=raw_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        via_openai = [d.embedding for d in openai.embeddings.create(model=SERVED_NAME, input=TEXTS).data]
+    body = httpx.post(server.base_url + "/v1/embeddings", json={"input": TEXTS, "use_activation": False}, timeout=60)
+    assert body.status_code == 200, body.text
+    got = [d["embedding"] for d in sorted(body.json()["data"], key=lambda d: d["index"])]
+    out = client.embeddings.create(model=SERVED_NAME, input=TEXTS, extra_body={"use_activation": False})
+    via_openai = [d.embedding for d in sorted(out.data, key=lambda d: d.index)]
     for vectors in (got, via_openai):
         assert cosines(vectors, raw_reference).min() >= 0.999
         assert np.allclose(np.linalg.norm(vectors, axis=1), np.linalg.norm(raw_reference, axis=1), rtol=1e-3)
+    still_serving(server)  # and the next request is normalized again: the option was this request's only
+    normal = client.embeddings.create(model=SERVED_NAME, input=TEXTS[:1])
+    assert np.allclose(np.linalg.norm(normal.data[0].embedding), 1.0, atol=1e-4)
 
 
 def test_score_and_rerank_are_the_cosine_of_the_reference_vectors(server, reference):

@@ -4,7 +4,8 @@ The server runs one sequence at a time (option.max_rolling_batch_size=1), lets o
 (option.job_queue_size=1) for at most 30 s (option.max_queue_wait=30: long enough that a slow
 machine cannot miss the waiting request). One long stream holds the engine; the next request waits
 and is dropped after 30 s; a third, sent while the second waits,
-is refused at once.
+is refused at once. The server (`busy_server`, tests/e2e/conftest.py) also answers other modules'
+LoRA-off checks, one request at a time: the counters read here only ever grow.
 """
 
 from __future__ import annotations
@@ -15,18 +16,9 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import BASE_PROPS
-from tests.support.server import ServerProcess, running_server
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def busy_server(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("shedding")
-    props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "1", "option.max_queue_wait": "30", "option.max_model_len": "16384"}
-    with running_server(model_dir, props) as proc:
-        yield proc
 
 
 def hold_the_engine(server: ServerProcess, stop: threading.Event, started: threading.Event, seen: dict) -> None:

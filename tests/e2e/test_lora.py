@@ -1,6 +1,7 @@
 """LoRA adapters end to end: the real server (vLLM engine, LoRA on) and the committed example
-adapters, through HTTP. The `lora` server (tests/e2e/conftest.py; max_loras=2, so three adapters
-evict) is shared with the concurrent fuzzer, which runs after this module."""
+adapters, through HTTP. The `lora` server (tests/e2e/conftest.py: the shared `server`; max_loras=2,
+so three adapters evict) is shared with the modules before this one, which name no existing
+adapter, and with the concurrent fuzzer, which runs after every module."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -54,6 +55,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.ping_history: list[int] = []
         self.ready_after_s: float | None = None
+        self.stopped = False
 
     def start(self) -> ServerProcess:
         argv = self.argv or [
@@ -61,6 +63,7 @@ class ServerProcess:
             "--host", "127.0.0.1", "--port", str(self.port),
         ]
         self.proc = process.spawn(argv, env=self.env, log=self.log_path, cwd=REPO)
+        _record_start(self, argv)
         return self
 
     def _ping(self) -> bool:
@@ -99,7 +102,26 @@ class ServerProcess:
         anything behind, even when a test failed."""
         if self.proc is None:
             return None
+        if self.stopped:  # a shared server stopped early (tests/e2e/conftest.py), then at its teardown
+            return self.proc.returncode
+        self.stopped = True
         return process.stop(self.proc, timeout, term_group=bool(self.argv), leftovers_grace_s=10)
+
+
+def _record_start(server: ServerProcess, argv: list[str]) -> None:
+    """With LMI_TEST_STARTS_LOG=FILE set, one JSON line per server start (the test that asked, its
+    properties): how many engines a test run starts, and which could share one."""
+    path = os.environ.get("LMI_TEST_STARTS_LOG")
+    if not path:
+        return
+    props = server.model_dir / "serving.properties" if server.model_dir else None
+    line = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+        "argv": argv[2:],
+        "properties": props.read_text().splitlines() if props and props.is_file() else [],
+    }
+    with open(path, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
 
 
 def server_env() -> dict[str, str]:
