@@ -8,6 +8,7 @@ from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
 from tests.unit.api.test_pipeline import Choice, app_with_engine, post
+from tests.unit.test_usage_metrics import bounds  # noqa: F401 - fresh label bounds (earlier tests' names gone)
 
 BASE = {"tenant": "default", "adapter": "base"}
 
@@ -48,7 +49,7 @@ def snapshot() -> dict[str, float]:
     }
 
 
-def test_json_and_streamed_answers_are_counted_by_tenant_and_adapter(tmp_path):
+def test_json_and_streamed_answers_are_counted_by_tenant_and_adapter(tmp_path, bounds):  # noqa: F811
     app, _ = app_with_engine(tmp_path)
     app.state.ctx.owner.state.serving.openai_serving_completion = FakeCompletions()
     before = snapshot()
