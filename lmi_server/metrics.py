@@ -34,7 +34,7 @@ DERIVED = CollectorRegistry(auto_describe=True)
 
 # A streamed chunk carries text when an OpenAI delta/choice, an Anthropic text delta or an LMI token
 # has non-empty text, or a Responses API delta event a non-empty delta.
-_TOKEN_CHUNK = re.compile(rb'"(?:content|text|delta)":\s*"[^"]')
+TOKEN_CHUNK = re.compile(rb'"(?:content|text|delta)":\s*"[^"]')
 
 def render() -> bytes:
     """The exposition text of this process's metrics: vLLM's, ours and the derived ones."""
@@ -96,7 +96,7 @@ class MetricsMiddleware:
                     if name.lower() == b"content-type" and (b"event-stream" in value or b"jsonlines" in value):
                         status["streaming"] = True
             elif message["type"] == "http.response.body" and status["streaming"] and not status["first"]:
-                if _TOKEN_CHUNK.search(message.get("body", b"")):
+                if TOKEN_CHUNK.search(message.get("body", b"")):
                     status["first"] = True
                     TTFT.labels(route).observe(time.perf_counter() - start)
             await send(message)

@@ -44,6 +44,7 @@ from lmi_server.adapters.validation import (
     inspect_adapter,
     validate_name,
 )
+from lmi_server.metric_labels import OTHER, adapter_label
 from lmi_server.source_ref import is_remote
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,10 @@ log = logging.getLogger(__name__)
 ADAPTER_LOADS = Counter("lmi_adapter_loads", "LoRA adapter weight loads into the engine (first use and reloads)", ["adapter"])
 ADAPTER_EVICTIONS = Counter("lmi_adapter_evictions", "LoRA adapters evicted from the engine (least recently used)", ["adapter"])
 ADAPTERS_RESIDENT = Gauge("lmi_adapters_resident", "LoRA adapters whose weights are loaded in the engine")
+ADAPTER_RESIDENT = Gauge(
+    "lmi_adapter_resident", "1 while the adapter's weights are loaded in the engine, else 0 (\"other\": how many "
+    "adapters past option.metrics_max_adapters are)", ["adapter"],
+)
 ADAPTERS_REGISTERED = Gauge("lmi_adapters_registered", "LoRA adapters registered (weights not necessarily loaded)")
 
 PIN_WITHOUT_PRELOAD = "Can not set preload to false and pin to true"
@@ -190,8 +195,8 @@ class AdapterRegistry:
             self._lru.move_to_end(entry.name)
             if entry.pinned:
                 await self.backend.pin(handle)
-            ADAPTER_LOADS.labels(entry.name).inc()
-            ADAPTERS_RESIDENT.set(len(self._lru))
+            ADAPTER_LOADS.labels(adapter_label(entry.name)).inc()
+            self._resident_gauges()
             log.info(
                 "adapters: loaded %r in %.3f s (load #%d, %d resident of %d)",
                 entry.name, time.perf_counter() - start, entry.loads, len(self._lru), self.capacity,
@@ -213,15 +218,27 @@ class AdapterRegistry:
         handle, entry.handle = entry.handle, None
         if self._lru.get(entry.name) is entry:  # a newer entry of the same name keeps its place
             self._lru.pop(entry.name)
-        ADAPTERS_RESIDENT.set(len(self._lru))
+        self._resident_gauges()
         if handle is not None:
             try:
                 await self.backend.unload(entry.name, handle)
             except Exception:  # noqa: BLE001 - the engine copy is gone or will be reloaded anyway
                 log.exception("adapters: unloading %r failed", entry.name)
         if not entry.deleted:
-            ADAPTER_EVICTIONS.labels(entry.name).inc()
+            ADAPTER_EVICTIONS.labels(adapter_label(entry.name)).inc()
             log.info("adapters: evicted %r (%s)", entry.name, reason)
+
+    def _resident_gauges(self) -> None:
+        """lmi_adapters_resident, and per adapter label how many of its adapters are resident."""
+        ADAPTERS_RESIDENT.set(len(self._lru))
+        counts = dict.fromkeys(adapter_label.seen(), 0)
+        for name in self._lru:
+            label = adapter_label(name)
+            counts[label] = counts.get(label, 0) + 1
+        if OTHER in counts or len(adapter_label.seen()) >= adapter_label.limit:
+            counts.setdefault(OTHER, 0)
+        for label, value in counts.items():
+            ADAPTER_RESIDENT.labels(adapter=label).set(value)
 
     def engine_replaced(self, backend: LoRABackend) -> None:
         """The engine was rebuilt after it died: every registration stays, but nothing is resident
@@ -230,7 +247,7 @@ class AdapterRegistry:
         for entry in self.adapters.values():
             entry.handle = None
         self._lru.clear()
-        ADAPTERS_RESIDENT.set(0)
+        self._resident_gauges()
         log.info("adapters: engine replaced; %d registered adapters load again on their next use", len(self.adapters))
 
     # ------------------------------------------------------------------ management

@@ -46,6 +46,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from lmi_server.admission.policy import policy_named
 from lmi_server.admission.queue import DEFAULT_TENANT, Entry, FairQueue
+from lmi_server.metric_labels import tenant_label  # bounded: option.metrics_max_tenants
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,6 @@ PREFILLS_BEYOND_SHARE = 1
 streamed requests than this await their first token. Its refills then enter the engine one
 prefill per step instead of a whole batch's worth in one long step, which a newcomer arriving
 meanwhile would wait behind."""
-MAX_TENANT_LABELS = 100
 
 
 class Rejected(Exception):
@@ -96,20 +96,6 @@ class Rejected(Exception):
 
 class BadPriority(ValueError):
     """The x-priority header (or the priority field) is not an integer in range; a 400."""
-
-
-_labels: set[str] = set()
-
-
-def tenant_label(tenant: str) -> str:
-    """The tenant's name as a metric label; past MAX_TENANT_LABELS names, "other" (a header-named
-    tenant must not make /metrics grow without bound)."""
-    if tenant in _labels:
-        return tenant
-    if len(_labels) < MAX_TENANT_LABELS:
-        _labels.add(tenant)
-        return tenant
-    return "other"
 
 
 def count(tenant: str, outcome: str) -> None:

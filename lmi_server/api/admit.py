@@ -18,6 +18,7 @@ from fastapi import Request
 from lmi_server.admission import REJECTED, BadPriority, Rejected, count, estimate_tokens, parse_priority
 from lmi_server.api.context import app_context, request_context
 from lmi_server.api.errors import from_admission_error
+from lmi_server import usage_metrics
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ async def admit(request: Request, state: Any, parsed: Any = None) -> None:
         stream = bool(getattr(parsed, "stream", False))
         ctx.ticket = await admission.acquire(tenant, priority, stream=stream)
     except Rejected as exc:
+        usage_metrics.refused(ctx.adapter, exc.reason)
         if exc.status == 429:
             log.info("admission: tenant %s refused: %s", tenant, exc.reason)
         raise from_admission_error(exc) from None
+    usage_metrics.admitted(ctx.adapter, ctx.ticket.waited_s)

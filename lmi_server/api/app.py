@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from lmi_server import prefill_gate
+from lmi_server import metric_labels, prefill_gate
 from lmi_server.adapters.formatters import FormatterError, load_model_formatters
 from lmi_server.admission import Admission, Tenants
 from lmi_server.api import kinds
@@ -169,6 +169,7 @@ def create_app(
 def build_context(cfg: ServingConfig, runtime: Any, owner: EngineOwner, api_keys: list, model_formatters: Any) -> AppContext:
     """The app's typed context: everything the routers and the pipeline read, built once."""
     tenants = Tenants.from_config(cfg, api_keys)
+    metric_labels.configure(cfg.tenants.metrics_max_tenants, cfg.tenants.metrics_max_adapters)
     fair_slots = getattr(runtime, "fair_slots", None)  # reserved slots added on top of the batch size
     admission = Admission(
         queue_size=cfg.server.job_queue_size,

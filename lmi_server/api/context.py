@@ -16,6 +16,7 @@ abort the generation).
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ class RequestContext:
     ticket: Any = None  # lmi_server.admission.Ticket, released when the response is over
     response_headers: dict[str, str] = field(default_factory=dict)
     streams: list[Any] = field(default_factory=list)  # innermost (vLLM's) first
+    arrived: float = field(default_factory=time.perf_counter)  # created first thing (RequestScopeMiddleware): TTFT's start
 
     @property
     def lmi(self) -> bool:

@@ -59,6 +59,7 @@ from lmi_server.api.format_in import apply_payload_formatter
 from lmi_server.api.respond import respond, sse_to_jsonl, yielding
 from lmi_server.api.media import check_messages
 from lmi_server.engine_limits import UnsupportedCombination
+from lmi_server.usage_metrics import Usage
 
 UNREAD = object()
 TEXT_PART_TYPES = {"text", "input_text", "output_text", "refusal", "thinking"}
@@ -231,8 +232,11 @@ async def serve(
     await until_disconnect(admit(request, state, gen.request), request)
     result = await call_serving(gen.method(state.serving)(gen.request, request), request)
     shape_stream = gen.shape_stream or (_same if gen.stream == "sse" else sse_to_jsonl)
-    ticket = request_context(request).ticket  # hears of the stream's first chunk
+    ctx = request_context(request)
+    ticket = ctx.ticket  # hears of the stream's first chunk
+    usage = Usage(ctx.tenant, ctx.adapter, ctx.arrived)  # tokens and TTFT by tenant and adapter
     return await respond(
-        request, result, shape_json=gen.shape_json, shape_stream=shape_stream, kind=gen.stream, headers=headers,
-        wrap=lambda stream: yielding(stream, ticket), **({"dump": gen.dump} if gen.dump is not None else {}),
+        request, result, shape_json=lambda body: gen.shape_json(usage.json(body)), shape_stream=shape_stream,
+        kind=gen.stream, headers=headers, wrap=lambda stream: yielding(usage.stream(stream), ticket),
+        **({"dump": gen.dump} if gen.dump is not None else {}),
     )

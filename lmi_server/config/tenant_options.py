@@ -71,6 +71,21 @@ class TenantOptions(BaseModel):
         "entry may carry its own `tokens_per_minute=`. Default: no limit.",
     )
 
+    metrics_max_tenants: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Distinct tenant names that get their own label in /metrics (the first seen); later "
+        "ones are counted as tenant=\"other\", so /metrics stays bounded.",
+    )
+    metrics_max_adapters: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Distinct adapter names that get their own label in /metrics (the first seen; the base "
+        "model is always adapter=\"base\"); later ones are counted as adapter=\"other\".",
+    )
+
     @field_validator("tenant_weights", mode="before")
     @classmethod
     def _parse_weights(cls, value: Any) -> Any:

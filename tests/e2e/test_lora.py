@@ -425,3 +425,41 @@ def test_prompt_logprobs_beside_other_requests_keep_the_engine_alive(lora):
     assert echo["text"].startswith(PROMPT) and echo["logprobs"]["token_logprobs"][1] is not None
     assert httpx.get(lora.base_url + "/ping").status_code == 200
     assert_healthy(lora)
+
+
+def _sum(text: str, name: str, **labels) -> float:
+    """Sum of a series' samples whose labels include `labels`, read from /metrics text."""
+    total = 0.0
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] == name and all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def test_usage_series_by_tenant_and_adapter_move_with_requests(lora):
+    """A JSON answer and a stream through an adapter move the per-tenant and per-adapter series (deltas:
+    the server is shared); with no API keys, the tenant of an adapter's request is the adapter."""
+    metrics = lambda: httpx.get(lora.base_url + "/metrics", timeout=30).text  # noqa: E731
+    pair = {"tenant": "hello-printer", "adapter": "hello-printer"}
+    before = metrics()
+    comp = post(lora, "/v1/completions", {"model": "hello-printer", "prompt": "def f():", "max_tokens": 5, "temperature": 0})
+    assert comp.status_code == 200, comp.text
+    usage = comp.json()["usage"]
+    body = {"model": "hello-printer", "prompt": "def g():", "max_tokens": 4, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", lora.base_url + "/v1/completions", json=body, timeout=120) as s:
+        assert s.status_code == 200
+        events = [line for line in s.iter_lines() if line.startswith("data: {")]
+    after = metrics()
+
+    def delta(name, **labels):
+        return _sum(after, name, **labels) - _sum(before, name, **labels)
+
+    assert delta("lmi_usage_prompt_tokens_total", **pair) == usage["prompt_tokens"]  # the stream sent no usage
+    generated = delta("lmi_usage_generation_tokens_total", **pair)
+    assert usage["completion_tokens"] + 1 <= generated <= usage["completion_tokens"] + len(events), (generated, usage)
+    assert delta("lmi_usage_time_to_first_token_seconds_count", **pair) == 1  # streams only
+    assert delta("lmi_adapter_requests_total", adapter="hello-printer", outcome="admitted") == 2
+    assert delta("lmi_adapter_queue_wait_seconds_count", adapter="hello-printer") == 2
+    assert delta("lmi_tenant_requests_total", tenant="hello-printer", outcome="admitted") == 2
+    assert _sum(after, "lmi_adapter_resident", adapter="hello-printer") == 1

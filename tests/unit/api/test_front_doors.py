@@ -124,9 +124,9 @@ def test_front_door_routes_have_their_own_metric_labels_and_first_tokens():
     assert label_for("/v1/responses") == "/v1/responses"
     assert label_for("/v1/responses/resp_123") == label_for("/v1/responses/resp_456") == "/v1/responses/{response_id}"
     assert label_for("/v1/responses/resp_123/cancel") == "/v1/responses/{response_id}/cancel"
-    assert metrics._TOKEN_CHUNK.search(b'event: response.output_text.delta\ndata: {"delta":"The","type":"x"}')
-    assert metrics._TOKEN_CHUNK.search(b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi"}}')
-    assert not metrics._TOKEN_CHUNK.search(b'data: {"type":"response.created","response":{"text":null}}')
+    assert metrics.TOKEN_CHUNK.search(b'event: response.output_text.delta\ndata: {"delta":"The","type":"x"}')
+    assert metrics.TOKEN_CHUNK.search(b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi"}}')
+    assert not metrics.TOKEN_CHUNK.search(b'data: {"type":"response.created","response":{"text":null}}')
 
 
 def test_openapi_documents_the_front_doors_bodies(tmp_path):
