@@ -10,6 +10,9 @@ bytes, so `could_overflow` skips the render for requests that fit by a margin.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 CLAMP_HEADER = "x-lmi-max-tokens-clamped"
 TEMPLATE_MARGIN = 2048
 """Tokens a chat template may add around the body's text (roles, tool descriptions, special tokens)."""
@@ -35,3 +38,19 @@ def fitted(requested: int | None, prompt_tokens: int, max_model_len: int) -> int
 
 def clamp_header(requested: int, used: int) -> dict[str, str]:
     return {CLAMP_HEADER: f"{requested}->{used}"}
+
+
+async def clamp(
+    serving: Any, parsed: Any, size: int, field: str, prompt_tokens: Callable[[Any, Any], Awaitable[int | None]]
+) -> dict[str, str]:
+    """The budget in `parsed.<field>` lowered to the context's room when it is beyond it; the header
+    that says so. `prompt_tokens(serving, parsed)`: the prompt as the front door's vLLM class counts it."""
+    limit = serving.model_config.max_model_len
+    requested = getattr(parsed, field)
+    if not could_overflow(requested, size, limit):
+        return {}
+    used = fitted(requested, await prompt_tokens(serving, parsed) or limit, limit)
+    if used is None:
+        return {}
+    setattr(parsed, field, used)
+    return clamp_header(requested, used)

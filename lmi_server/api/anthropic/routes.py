@@ -69,19 +69,6 @@ async def prompt_tokens(serving: Any, parsed: Any) -> int | None:
     return getattr(counted, "input_tokens", None)
 
 
-async def clamp(serving: Any, parsed: Any, size: int) -> dict[str, str]:
-    """`max_tokens` beyond the context's room lowered to it; the header that says so."""
-    limit = serving.model_config.max_model_len
-    requested = parsed.max_tokens
-    if not output_budget.could_overflow(requested, size, limit):
-        return {}
-    used = output_budget.fitted(requested, await prompt_tokens(serving, parsed) or limit, limit)
-    if used is None:
-        return {}
-    parsed.max_tokens = used
-    return output_budget.clamp_header(requested, used)
-
-
 def dumped(result: Any) -> Any:
     """vLLM's own JSON for a Messages response (unset fields left out, as Anthropic sends it)."""
     return result.model_dump(exclude_none=True)
@@ -93,7 +80,7 @@ def parser(request: Request, headers: dict[str, str]):
         parsed = parse_request(messages_type(), body)
         state = engine_state(request)
         await check_parts(request, state, content_parts(parsed))
-        headers.update(await clamp(state.serving.anthropic_serving_messages, parsed, size))
+        headers.update(await output_budget.clamp(state.serving.anthropic_serving_messages, parsed, size, "max_tokens", prompt_tokens))
         return Generation(parsed, messages_call, dump=dumped)
 
     return parse

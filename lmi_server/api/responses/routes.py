@@ -70,19 +70,6 @@ async def prompt_tokens(serving: Any, parsed: Any) -> int | None:
     return serving._extract_prompt_len(rendered.engine_input)
 
 
-async def clamp(serving: Any, parsed: Any, size: int) -> dict[str, str]:
-    """`max_output_tokens` beyond the context's room lowered to it; the header that says so."""
-    limit = serving.model_config.max_model_len
-    requested = parsed.max_output_tokens
-    if not output_budget.could_overflow(requested, size, limit):
-        return {}
-    used = output_budget.fitted(requested, await prompt_tokens(serving, parsed) or limit, limit)
-    if used is None:
-        return {}
-    parsed.max_output_tokens = used
-    return output_budget.clamp_header(requested, used)
-
-
 async def sse_events(events):
     """vLLM's Responses stream events, encoded as its own server sends them."""
     from vllm.entrypoints.openai.responses.api_router import _convert_stream_to_sse_events
@@ -102,7 +89,7 @@ def parser(request: Request, headers: dict[str, str]):
         parsed = parse_request(request_type(), adapters_field(body))
         state = engine_state(request)
         await check_parts(request, state, content_parts(parsed))
-        headers.update(await clamp(state.serving.openai_serving_responses, parsed, size))
+        headers.update(await output_budget.clamp(state.serving.openai_serving_responses, parsed, size, "max_output_tokens", prompt_tokens))
         return Generation(parsed, responses_call, shape_stream=sse_events, dump=dumped)
 
     return parse
