@@ -1,28 +1,45 @@
 """Servers shared by the whole session (engine start-up is the cost), one per set of properties
-that several modules need:
+that several modules need; a test that ends its server takes one over at the end of its life.
 
 - `server` (also named `lora`): the demo model with the tool-calling options, LoRA on and the
   example adapters (tests/e2e/test_api.py, test_lora.py, test_tools.py, test_speculative.py's
   reference, ...). Modules before test_lora.py name no existing adapter: it checks their fresh state.
+  The concurrent fuzzer reuses it after everything else, then test_lifecycle.py's SIGTERM drain ends it.
 - `busy_server`: the demo model with LoRA off, one sequence at a time and a queue of one
   (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py).
-- `assistant_with_lora`: the embedded assistant with LoRA on (test_assistant_kit.py; its base
-  model is the greedy reference of test_assistant_eagle.py).
+- `assistant` (also named `assistant_with_lora`): the embedded assistant with an API key, LoRA on,
+  vLLM's request logger and a greedy input formatter (test_assistant_kit.py, test_front_doors.py;
+  its base model is the greedy reference of test_assistant_eagle.py).
+- `lmcache_demo`: the demo model with LMCache (CPU + disk tiers, vLLM's prefix cache off), KV loads
+  that fail on demand, LoRA on and a budget of one engine rebuild (test_lmcache.py, then
+  test_lifecycle.py's rebuild and its death past the budget, which ends it).
+- `keyed_server`: the demo model behind a key file of plain keys and named tenants, LoRA, LMCache
+  with a password-protected Redis tier, a batch of one with priority scheduling (test_security.py,
+  test_tenants.py).
+- `lmi_dir`: an LMI user's model directory (formatters, handle, adapters fine-tuned from the hub
+  id) with a 128-token context (test_lmi_dropin.py, then test_fuzz.py).
 
-The concurrent fuzzer runs last, so that it reuses `server` after the modules that check its
-fresh state."""
+Servers of their own (their properties conflict with every shared one): the two EAGLE assistants
+and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the KV-blending server
+(test_blend.py, vLLM's prefix cache on), the embeddings model, the corrupt-weights start
+(test_lifecycle.py), `make serve` exactly as the README runs it, the S3-loaded TGI deployment, the
+vision model with and without LMCache (test_vision.py: its prefix-cache check needs vLLM's prefix
+cache on, its LMCache check needs it off) and the two scale-out replicas behind vllm-router."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.support.server import DEMO_PROPS, REPO, running_server
+from tests.support.server import DEMO_PROPS, REPO, ServerProcess, free_port, running_server, server_env, write_properties
 
 BASE_PROPS = {
     **DEMO_PROPS,  # the tiny trained demo model: fast starts for tests
@@ -33,15 +50,51 @@ BASE_PROPS = {
     "option.tool_call_parser": "pythonic",
     "option.structured_outputs_config": '{"backend": "xgrammar", "disable_any_whitespace": true}',
 }
+ASSISTANT_KEY = "front-doors-key-0123456"
+# Greedy decoding for every OpenAI/Anthropic-shaped body (an LMI input formatter in the assistant's
+# model directory): Claude Code samples at temperature 1, and a 135M model then rambles.
+GREEDY_FORMATTER = '''from djl_python.input_parser import input_formatter
+
+
+@input_formatter
+def greedy(payload, **kwargs):
+    """Greedy decoding for every OpenAI/Anthropic-shaped body: answers the tests can check."""
+    if isinstance(payload, dict) and "inputs" not in payload:
+        payload["temperature"] = 0
+    return payload
+'''
 LORA_PROPS = {"option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8"}
 LAST_MODULES = ("test_concurrent_fuzz.py",)
-SHARED_SERVERS = ("server", "busy_server", "assistant_with_lora")
+# Tests (by module or by name) that take over a shared server after the module named: they end it
+# (tests/e2e/test_lifecycle.py: one engine rebuild, then a death past the budget), or change what
+# that module expects fresh (tests/e2e/test_fuzz.py).
+FOLLOWS = {
+    "test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server": "test_lmcache.py",
+    "test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero": "test_lmcache.py",
+    "test_fuzz.py": "test_lmi_dropin.py",
+}
+LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
+SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The fuzzer after everything else: it loads adapters and fills caches that other modules
-    expect fresh, and it reuses their session servers."""
-    items.sort(key=lambda item: item.path.name in LAST_MODULES)
+    """Tests that take over a shared server right after the module named in FOLLOWS, the fuzzer
+    after everything else (it loads adapters and fills caches that other modules expect fresh, and
+    it reuses their session servers), the drain last (it ends the demo server)."""
+    last_of = {item.path.name: i for i, item in enumerate(items)}
+
+    def key(pair):
+        i, item = pair
+        if item.originalname == LAST_TEST:
+            return (2, i, 0)
+        if item.path.name in LAST_MODULES:
+            return (1, i, 0)
+        follows = FOLLOWS.get(item.originalname) or FOLLOWS.get(item.path.name)
+        if follows in last_of:
+            return (0, last_of[follows], 1 + i)
+        return (0, i, 0)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 
 
 def pytest_runtest_teardown(item, nextitem):
@@ -73,8 +126,9 @@ def server(tmp_path_factory):
         "from djl_python.output_formatter import output_formatter\n"
         "@output_formatter\ndef refuse(response):\n    raise ValueError('formatter refused ' + repr(str(response)[:5]))\n"
     )
-    props = {**BASE_PROPS, **LORA_PROPS, "option.adapters_path": str(root)}
-    with running_server(model_dir, props, adapter_root=root) as proc:
+    # the drain test (tests/e2e/test_lifecycle.py, last) needs a drain that outlasts its long streams
+    props = {**BASE_PROPS, **LORA_PROPS, "option.adapters_path": str(root), "option.graceful_shutdown_timeout": "300"}
+    with running_server(model_dir, props, adapter_root=root, shm_before=set(os.listdir("/dev/shm"))) as proc:
         yield proc
 
 
@@ -126,10 +180,176 @@ def _adapters_for(base: Path, root: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def assistant_with_lora(tmp_path_factory):
-    """The embedded assistant (the default model) with only LoRA switched on: its example adapters
-    are served (tests/e2e/test_assistant_kit.py), and its base model, asked without an adapter, is
-    the greedy reference without speculation (tests/e2e/test_assistant_eagle.py)."""
-    props = {"option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8", "option.cpu_kv_cache_space": "1"}
-    with running_server(tmp_path_factory.mktemp("assistant-lora"), props) as proc:
+def assistant(tmp_path_factory):
+    """The embedded assistant (the default model) with an API key, LoRA on (its example adapters,
+    tests/e2e/test_assistant_kit.py), vLLM's request logger (tests/e2e/test_front_doors.py checks
+    what the CLIs print against it) and a model.py that pins greedy decoding for OpenAI/Anthropic
+    bodies; its base model, asked without an adapter, is the greedy reference without speculation
+    of tests/e2e/test_assistant_eagle.py."""
+    model_dir = tmp_path_factory.mktemp("assistant")
+    (model_dir / "model.py").write_text(GREEDY_FORMATTER)
+    props = {
+        "option.cpu_kv_cache_space": "1", "option.api_key": ASSISTANT_KEY,
+        "option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8",
+        "option.enable_log_requests": "true", "option.enable_log_outputs": "true", "option.enable_log_deltas": "false",
+    }
+    with running_server(model_dir, props) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def assistant_with_lora(assistant):
+    """The shared assistant, named for what the example-adapter tests need of it."""
+    return assistant
+
+
+# Run inside the LMCache server's engine processes: while the file named by LMI_TEST_FAIL_KV_LOADS
+# exists, the worker's copy of every LMCache hit into its KV cache raises, as when the cache server
+# dies between the lookup and the load (tests/e2e/test_lmcache.py switches it on for one test).
+FAILING_LOADS = """\
+def on_connector_import():
+    import os
+
+    from lmcache.v1.multiprocess.transfer_context import worker_transfer
+
+    original = worker_transfer.scatter_cpu_to_paged_kv
+
+    def scatter_cpu_to_paged_kv(*args, **kwargs):
+        if os.path.exists(os.environ["LMI_TEST_FAIL_KV_LOADS"]):
+            raise RuntimeError("injected KV load failure")
+        return original(*args, **kwargs)
+
+    worker_transfer.scatter_cpu_to_paged_kv = scatter_cpu_to_paged_kv
+"""
+
+
+@pytest.fixture(scope="session")
+def lmcache_demo(tmp_path_factory):
+    """The demo model with LMCache (CPU RAM + disk tiers; vLLM's prefix cache off, so that
+    cached_tokens counts LMCache hits only), KV loads that fail on demand (`fail_loads`, a file
+    whose existence switches the failure on), LoRA on with an empty adapters directory
+    (`adapters_root`) and a restart budget of one rebuild: tests/e2e/test_lmcache.py, then the
+    engine-death tests of tests/e2e/test_lifecycle.py (one rebuild, then a death past the budget
+    that ends the process)."""
+    from tests.support import worker_hook
+
+    model_dir = tmp_path_factory.mktemp("lmcache-model")
+    disk = tmp_path_factory.mktemp("lmcache-disk")
+    root = model_dir / "adapters"
+    root.mkdir()
+    (model_dir / "lmcache.yaml").write_text(
+        f"chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
+        f"local_disk: \"file://{disk}\"\nmax_local_disk_size: 2\nextra_config:\n  use_odirect: true\n"
+    )
+    props = {
+        **BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml",
+        "option.enable_lora": "true", "option.max_loras": "1", "option.max_lora_rank": "8",
+        "option.adapters_path": str(root), "option.engine_max_restarts": "1",
+    }
+    write_properties(model_dir, props)
+    fail_loads = model_dir / "fail-kv-loads"
+    env = {**server_env(), "PYTHONPATH": worker_hook.install(tmp_path_factory.mktemp("failing-loads"), FAILING_LOADS),
+           "LMI_TEST_FAIL_KV_LOADS": str(fail_loads)}
+    proc = ServerProcess(model_dir, model_dir / "server.log", env=env).start()
+    try:
+        proc.wait_ready()
+        proc.disk, proc.fail_loads, proc.adapters_root = disk, fail_loads, root
+        yield proc
+    finally:
+        children = proc.descendants()
+        proc.stop()
+        leftovers = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        assert not leftovers, f"processes left behind: {leftovers}"
+
+
+SECURITY_KEYS = ["sk-first-" + secrets.token_hex(12), "sk-second-" + secrets.token_hex(12)]
+TENANT_KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789", "limited": "limited-key-0123456789"}
+REDIS_PASSWORD = "redis-pw-" + secrets.token_hex(12)
+# Raises from its 6th streamed piece on (per request): the stream has begun when it fails.
+RAISE_LATE = """
+import json
+
+from djl_python.output_formatter import output_formatter
+
+_seen = {}
+
+
+@output_formatter
+def raise_late(response):
+    if not isinstance(response, str):  # a whole response: not streamed
+        return response
+    data = response[len("data:"):].strip()
+    if data == "[DONE]":
+        return response
+    key = json.loads(data).get("id")  # the request's id: pieces counted per stream
+    _seen[key] = _seen.get(key, 0) + 1
+    if _seen[key] > 5:
+        raise RuntimeError("formatter gave up at piece %d" % _seen[key])
+    return response
+"""
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tmp_path_factory):
+    """API keys only, from a key file: two unnamed keys (rotation, tests/e2e/test_security.py) and
+    three named tenants (tests/e2e/test_tenants.py). For security: LoRA with the example adapters,
+    a copy and one whose formatter fails mid-stream; LMCache's CPU tier and a Redis tier with a
+    password from a 0600 config file (never on a command line), vLLM's prefix cache off. For
+    tenants: a batch of one (plus option.reserved_slots) with vLLM's priority scheduling, a queue
+    of ten, half of it per tenant, and a context long enough for a holding request of 15,000 tokens."""
+    from deploy.cluster import redis_server_binary
+    from lmi_server.demo.builder import ensure_demo_model
+
+    model_dir = tmp_path_factory.mktemp("keyed-model-dir")
+    root = model_dir / "adapters"
+    root.mkdir()
+    _adapters_for(ensure_demo_model(), root)
+    shutil.copytree(root / "hello-printer", root / "hello-copy")
+    shutil.copytree(root / "hello-printer", root / "raising-late")
+    (root / "raising-late" / "model.py").write_text(RAISE_LATE)
+    lmcache = "chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
+    redis, redis_port = None, free_port()
+    if redis_server_binary() is not None:  # else test_security.py is skipped; test_tenants.py needs no Redis
+        conf = model_dir / "redis.conf"
+        conf.write_text(f"port {redis_port}\nbind 127.0.0.1\nrequirepass {REDIS_PASSWORD}\nsave \"\"\nappendonly no\ndir {model_dir}\n")
+        conf.chmod(0o600)
+        redis = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        lmcache += f"remote_url: \"redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_port}\"\n"
+    (model_dir / "lmcache.yaml").write_text(lmcache)
+    (model_dir / "api_keys").write_text(
+        "# rotation: both keys work\n" + "\n".join(SECURITY_KEYS) + "\n"
+        f"name=alice key={TENANT_KEYS['alice']}\nname=bob key={TENANT_KEYS['bob']} weight=2\n"
+        f"name=limited key={TENANT_KEYS['limited']} requests_per_second=0.05\n"
+    )
+    props = {
+        **BASE_PROPS, **LORA_PROPS, "option.adapters_path": str(root), "option.api_key_file": "api_keys",
+        "option.enable_prefix_caching": "false",  # cached_tokens then counts LMCache hits only
+        "option.lmcache_config_file": "lmcache.yaml",
+        "option.max_rolling_batch_size": "1", "option.job_queue_size": "10", "option.tenant_queue_share": "0.5",
+        "option.scheduling_policy": "priority",
+        # the holding request must outlast the tenants' tests on a fast, quiet host (3,500 tokens did not)
+        "option.max_model_len": "16384",
+    }
+    try:
+        with running_server(model_dir, props, redis_port=redis_port, adapters_root=root) as proc:
+            yield proc
+    finally:
+        if redis is not None:
+            redis.terminate()
+            redis.wait(10)
+
+
+@pytest.fixture(scope="session")
+def lmi_dir(tmp_path_factory):
+    """An LMI user's model directory, unchanged (tests/support/lmi_model_dir.py: model-level
+    formatters and handle, adapters fine-tuned from the hub id), LoRA on; with a short context
+    (option.max_model_len=128: a generated request asking for many tokens ends quickly) and a batch
+    of 16 for the fuzzer (tests/e2e/test_fuzz.py, right after tests/e2e/test_lmi_dropin.py)."""
+    from lmi_server.demo.builder import ensure_demo_model
+    from tests.support.lmi_model_dir import write_lmi_model_dir
+
+    model_dir = tmp_path_factory.mktemp("lmi-model-dir")
+    write_lmi_model_dir(model_dir, _adapters_for, ensure_demo_model())
+    props = {**BASE_PROPS, **LORA_PROPS, "option.max_model_len": "128", "option.max_rolling_batch_size": "16"}
+    with running_server(model_dir, props) as proc:
         yield proc

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.e2e.conftest import ASSISTANT_KEY
 from tests.e2e.test_api import metric_value
 from tests.support.server import running_server
 
@@ -51,7 +52,9 @@ def assistant_with_eagle3(tmp_path_factory):
 
 
 def greedy(server, prompt: str) -> list[dict]:
-    r = httpx.post(server.base_url + "/v1/chat/completions", json={
+    # the shared assistant wants its API key; the EAGLE-3 server, which has none, ignores it
+    headers = {"Authorization": f"Bearer {ASSISTANT_KEY}"}
+    r = httpx.post(server.base_url + "/v1/chat/completions", headers=headers, json={
         "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": prompt}],
         "max_tokens": 48, "temperature": 0, "logprobs": True, "top_logprobs": 2}, timeout=300)
     assert r.status_code == 200, r.text

@@ -1,10 +1,13 @@
 """The README's LoRA example on the embedded assistant: its example adapters, listed without any
 option but enable_lora, change real answers (pirate speak; shouter's formatter upper-cases). The
-server (`assistant_with_lora`, tests/e2e/conftest.py) is shared with tests/e2e/test_assistant_eagle.py."""
+server (`assistant_with_lora`, tests/e2e/conftest.py, which also has an API key) is shared with
+tests/e2e/test_assistant_eagle.py and tests/e2e/test_front_doors.py."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.e2e.conftest import ASSISTANT_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -15,7 +18,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 def client(assistant_with_lora):
     from openai import OpenAI
 
-    return OpenAI(base_url=assistant_with_lora.base_url + "/v1", api_key="unused", max_retries=0, timeout=180)
+    return OpenAI(base_url=assistant_with_lora.base_url + "/v1", api_key=ASSISTANT_KEY, max_retries=0, timeout=180)
 
 
 def ask(client, model: str) -> str:

@@ -1,6 +1,8 @@
 """The OpenAI Responses API and the Anthropic Messages API, spoken by their official clients, the
 OpenAI Agents SDK and the coding-agent CLIs (Codex, Claude Code), against ONE real server of the
-embedded assistant (SmolLM2-135M-Instruct) with an API key and LoRA on (its example adapters).
+embedded assistant (SmolLM2-135M-Instruct) with an API key and LoRA on (its example adapters):
+the session's `assistant` (tests/e2e/conftest.py), shared with test_assistant_kit.py and
+test_assistant_eagle.py.
 
 The model is tiny: the checks are about the protocol (shapes, ids, forced tool calls, round trips,
 stored responses) and take answers from what the server itself logged. The model directory's
@@ -17,42 +19,18 @@ import time
 import httpx
 import pytest
 
+from tests.e2e.conftest import ASSISTANT_KEY
 from tests.e2e.test_tools import WEATHER_TOOL, check_against_schema
 from tests.support import agent_clis
-from tests.support.server import running_server
 
-KEY = "front-doors-key-0123456"
+KEY = ASSISTANT_KEY
 MODEL = "smollm2-135m-instruct"
 ADAPTER = "pirate"
 QUESTION = "What is the capital of France?"
-GREEDY_FORMATTER = '''from djl_python.input_parser import input_formatter
-
-
-@input_formatter
-def greedy(payload, **kwargs):
-    """Greedy decoding for every OpenAI/Anthropic-shaped body: answers the tests can check."""
-    if isinstance(payload, dict) and "inputs" not in payload:
-        payload["temperature"] = 0
-    return payload
-'''
 FUNCTION_TOOL = {"type": "function", "name": "get_weather", "description": WEATHER_TOOL["function"]["description"],
                  "parameters": WEATHER_TOOL["function"]["parameters"]}
 ANTHROPIC_TOOL = {"name": "get_weather", "description": WEATHER_TOOL["function"]["description"],
                   "input_schema": WEATHER_TOOL["function"]["parameters"]}
-
-
-@pytest.fixture(scope="session")
-def assistant(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("front-doors")
-    (model_dir / "model.py").write_text(GREEDY_FORMATTER)
-    props = {
-        "option.cpu_kv_cache_space": "1", "option.api_key": KEY,
-        "option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8",
-        # vLLM's request logger: the answers the CLIs print are checked against what was sent
-        "option.enable_log_requests": "true", "option.enable_log_outputs": "true", "option.enable_log_deltas": "false",
-    }
-    with running_server(model_dir, props) as proc:
-        yield proc
 
 
 @pytest.fixture(scope="session")

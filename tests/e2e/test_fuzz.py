@@ -2,13 +2,13 @@
 server: no 5xx, no hang, and the server still healthy afterwards.
 
 The server runs with a short context (option.max_model_len=128) so that a generated request
-asking for many tokens ends quickly, LoRA on (the adapter routes are live), and the example
-adapters registered. Each operation gets a bounded number of examples.
+asking for many tokens ends quickly, LoRA on (the adapter routes are live), and adapters
+registered: the LMI user's model directory of tests/e2e/test_lmi_dropin.py (`lmi_dir`,
+tests/e2e/conftest.py; its formatters and handle see the fuzzed bodies too), fuzzed after that
+module. Each operation gets a bounded number of examples.
 """
 
 from __future__ import annotations
-
-import shutil
 
 import httpx
 import pytest
@@ -16,8 +16,6 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 
-from tests.e2e.conftest import BASE_PROPS
-from tests.support.server import REPO, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -26,19 +24,9 @@ REQUEST_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("fuzz")
-    shutil.copytree(REPO / "adapters", model_dir / "adapters")
-    props = {
-        **BASE_PROPS,
-        "option.max_model_len": "128",
-        "option.enable_lora": "true",
-        "option.max_loras": "2",
-        "option.max_lora_rank": "8",
-        "option.max_rolling_batch_size": "16",
-    }
-    with running_server(model_dir, props) as proc:
-        yield proc
+def fuzz_server(lmi_dir):
+    """The session's LMI model-directory server (tests/e2e/conftest.py), after test_lmi_dropin.py."""
+    return lmi_dir
 
 
 def test_no_route_answers_5xx(fuzz_server):

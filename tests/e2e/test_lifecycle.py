@@ -1,5 +1,9 @@
 """Process lifecycle: /ping states, graceful drain on SIGTERM with open streams, an engine rebuilt
-in-process after it died, the exit past the restart budget, a failed start ending the process, no orphans."""
+in-process after it died, the exit past the restart budget, a failed start ending the process, no orphans.
+
+Each test that ends its server takes over a shared one at the end of its life (tests/e2e/conftest.py
+orders them): the engine-death tests the LMCache server after tests/e2e/test_lmcache.py (rebuild
+first, then a death past its budget of one), the drain the demo server after every other test."""
 
 from __future__ import annotations
 
@@ -22,12 +26,6 @@ from tests.support.server import REPO, ServerProcess, server_env, write_properti
 
 
 STREAM_TOKENS = 3000
-
-
-def _start(tmp_path) -> ServerProcess:
-    # the drain must outlast the long streams on a slow host too
-    write_properties(tmp_path, {**BASE_PROPS, "option.graceful_shutdown_timeout": "300"})
-    return ServerProcess(tmp_path, tmp_path / "server.log", env=server_env()).start()
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -84,58 +82,81 @@ def _stream_tokens(server: ServerProcess, result: dict, max_tokens: int) -> None
     result["chunks"] = chunks
 
 
-def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(tmp_path):
-    shm_before = _shm()
-    server = _start(tmp_path)
-    try:
-        server.wait_ready()
-        assert 503 in server.ping_history
-        children = server.descendants()
-        assert children, "the engine runs in child processes"
-        mapped = _shm_mapped_by([server.proc.pid, *(c.pid for c in children)])
-        assert any(name.startswith("psm_") for name in mapped), mapped  # vLLM's message rings
-        results: list[dict] = [{"streaming": threading.Event()}, {"streaming": threading.Event()}]
-        # Long enough to be still running after the checks below on a fast host (400 tokens of the
-        # tiny model ended within a second of SIGTERM there, and the server was gone before the POST).
-        workers = [threading.Thread(target=_stream_tokens, args=(server, r, STREAM_TOKENS)) for r in results]
-        for w in workers:
-            w.start()
-        for r in results:
-            assert r["streaming"].wait(60), "the streams did not start"
-        server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        # Still listening while draining: load balancers see 503, new work is refused with 503.
-        ping = httpx.get(server.base_url + "/ping", timeout=5)
-        assert ping.status_code == 503 and ping.json()["status"] == "draining"
-        refused = httpx.post(server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=30)
-        assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
-        assert not any(r.get("done") for r in results), "the streams ended before the drain was checked: make them longer"
-        for w in workers:
-            w.join(240)
-        for r in results:  # the open streams ran to their end
-            assert r.get("status") == 200 and r.get("done") and r.get("tokens") == STREAM_TOKENS and "error_event" not in r, r
-        assert server.proc.wait(90) == 0
-        log = server.log_path.read_text(errors="replace")
-        assert "drained: no request in flight" in log and "shutting down: stopping the engine" in log
-        assert "Traceback" not in log, server.log_tail()
-        deadline = time.monotonic() + 20
-        while _alive(children) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not _alive(children), f"orphans: {_alive(children)}"
-        ours = {name for name in (_shm() - shm_before) & mapped if name.startswith(("psm_", "lmcache"))}
-        assert not ours, f"shared-memory segments left behind: {ours}"
-    finally:
-        server.stop()
+def _lmi(server, body, headers=None, timeout=120):
+    return httpx.post(server.base_url + "/invocations", json=body, headers=headers, timeout=timeout)
 
 
-def test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero(tmp_path):
-    """With option.engine_max_restarts=0 the first death is one too many: the process ends as it
-    did before engines were rebuilt in-process (the same path ends a crash loop)."""
-    write_properties(tmp_path, {**BASE_PROPS, "option.engine_max_restarts": "0"})
-    server = ServerProcess(tmp_path, tmp_path / "server.log", env=server_env()).start()
+def test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server(lmcache_demo):
+    """SIGKILL of the engine core and its worker: requests in flight get 503 with Retry-After, /ping
+    is 503 until the engine is back, then the same server process serves again; a session, an
+    adapter registered through the API and the LMCache cache server (same pid) are still there. The
+    session's LMCache server (tests/e2e/conftest.py), after tests/e2e/test_lmcache.py."""
+    server, root = lmcache_demo, lmcache_demo.adapters_root  # LoRA, LMCache, option.engine_max_restarts=1
+    # Registered through the API after start-up (discovery found nothing): only the registry knows it.
+    shutil.copytree(REPO / "adapters" / "hello-printer", root / "late-printer")
+    r = httpx.post(server.base_url + "/adapters", json={"name": "late-printer", "src": str(root / "late-printer")}, timeout=120)
+    assert r.status_code == 200, r.text
+    prompt = {"inputs": "def main():", "parameters": {"max_new_tokens": 12}}
+    base = _lmi(server, prompt)
+    adapted = _lmi(server, {**prompt, "adapters": "late-printer"})
+    assert adapted.status_code == 200 and base.status_code == 200, adapted.text
+    assert adapted.json()["generated_text"] != base.json()["generated_text"], "the adapter changes nothing"
+    opened = _lmi(server, {"requestType": "NEW_SESSION"})
+    session = opened.headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
+    cache_servers = [p.pid for p in cache_server_processes(server.proc.pid)]
+    assert cache_servers, [p.cmdline() for p in server.descendants()]
+
+    in_flight: dict = {}
+
+    def long_request():
+        body = {"model": "lmi-demo", "prompt": "import os\n", "max_tokens": 3000, "ignore_eos": True}
+        r = httpx.post(server.base_url + "/v1/completions", json=body, timeout=300)
+        in_flight.update(status=r.status_code, retry_after=r.headers.get("retry-after"), body=r.text)
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    time.sleep(2.0)  # admitted and generating (3000 tokens take far longer)
+    assert not in_flight, f"the long request ended before the kill: {in_flight}"
+    killed = kill_engine(server.proc.pid)
+    killed_at = time.monotonic()
+    worker.join(60)
+    assert in_flight.get("status") == 503 and in_flight.get("retry_after"), in_flight
+    assert "being rebuilt" in in_flight["body"], in_flight
+
+    # While the engine is rebuilt: /ping 503, new requests 503 with Retry-After, /live 200.
+    deadline = time.monotonic() + 30
+    while httpx.get(server.base_url + "/ping", timeout=5).status_code == 200:
+        assert time.monotonic() < deadline, "/ping never turned 503 after the kill"
+        time.sleep(0.2)
+    refused = httpx.post(server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=30)
+    assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
+    assert httpx.get(server.base_url + "/live", timeout=5).status_code == 200
+
+    back = wait_serving(server.base_url, killed_at, timeout=600)
+    assert server.proc.poll() is None, "the server process ended"
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in killed)
+    assert [p.pid for p in cache_server_processes(server.proc.pid)] == cache_servers, "the cache server was restarted"
+
+    names = [a["name"] for a in httpx.get(server.base_url + "/adapters", timeout=30).json()["adapters"]]
+    assert "late-printer" in names, names
+    again = _lmi(server, {**prompt, "adapters": "late-printer"})  # loaded into the new engine on first use
+    assert again.status_code == 200 and again.json()["generated_text"] == adapted.json()["generated_text"], again.text
+    in_session = _lmi(server, {"inputs": "import os", "parameters": {"max_new_tokens": 2}}, {"X-Amzn-SageMaker-Session-Id": session})
+    assert in_session.status_code == 200, in_session.text
+    assert in_session.headers["X-Amzn-SageMaker-Session-Id"] == session
+    log = server.log_path.read_text(errors="replace")
+    assert "rebuilding it in this process (1 of 1" in log and "engine rebuilt after it died" in log
+    print(f"serving again {back['serving_s']} s after the kill (/ping statuses {back['pings']})")
+
+
+def test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero(lmcache_demo):
+    """With option.engine_max_restarts=1, used by the rebuild above (this server's last test), the
+    next death is one too many: the process ends as it did before engines were rebuilt in-process
+    (the same path ends a crash loop)."""
+    server = lmcache_demo
     children: list[psutil.Process] = []
     try:
-        server.wait_ready()
+        log_start = len(server.log_path.read_text(errors="replace"))  # after the rebuild's part
         children = server.descendants()
         result: dict = {"streaming": threading.Event()}
         worker = threading.Thread(target=_stream_tokens, args=(server, result, 3000))
@@ -159,7 +180,7 @@ def test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits
         code = server.proc.wait(60)
         assert code == ENGINE_DEAD_EXIT_CODE, server.log_tail()
         assert seen_503 or time.monotonic() - killed_at < 30
-        log = server.log_path.read_text(errors="replace")
+        log = server.log_path.read_text(errors="replace")[log_start:]
         assert "the engine has died" in log and "rebuilds within 600 s used up" in log
         assert "rebuilding it in this process" not in log
     finally:
@@ -170,80 +191,47 @@ def test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits
         assert not _alive(children)
 
 
-def _lmi(server, body, headers=None, timeout=120):
-    return httpx.post(server.base_url + "/invocations", json=body, headers=headers, timeout=timeout)
-
-
-def test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server(tmp_path):
-    """SIGKILL of the engine core and its worker: requests in flight get 503 with Retry-After, /ping
-    is 503 until the engine is back, then the same server process serves again; a session, an
-    adapter registered through the API and the LMCache cache server (same pid) are still there."""
-    root = tmp_path / "adapters"
-    root.mkdir()
-    (tmp_path / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
-    props = {
-        **BASE_PROPS, "option.enable_lora": "true", "option.max_loras": "1", "option.max_lora_rank": "8",
-        "option.adapters_path": str(root), "option.lmcache_config_file": "lmcache.yaml",
-    }
-    write_properties(tmp_path, props)
-    server = ServerProcess(tmp_path, tmp_path / "server.log", env=server_env()).start()
+def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(server):
+    """The session's demo server (tests/e2e/conftest.py), when every other test is done with it
+    (this test runs last): its drain outlasts the long streams (option.graceful_shutdown_timeout)."""
+    shm_before = server.shm_before  # /dev/shm before the server started
     try:
-        server.wait_ready()
-        # Registered through the API after start-up (discovery found nothing): only the registry knows it.
-        shutil.copytree(REPO / "adapters" / "hello-printer", root / "late-printer")
-        r = httpx.post(server.base_url + "/adapters", json={"name": "late-printer", "src": str(root / "late-printer")}, timeout=120)
-        assert r.status_code == 200, r.text
-        prompt = {"inputs": "def main():", "parameters": {"max_new_tokens": 12}}
-        base = _lmi(server, prompt)
-        adapted = _lmi(server, {**prompt, "adapters": "late-printer"})
-        assert adapted.status_code == 200 and base.status_code == 200, adapted.text
-        assert adapted.json()["generated_text"] != base.json()["generated_text"], "the adapter changes nothing"
-        opened = _lmi(server, {"requestType": "NEW_SESSION"})
-        session = opened.headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
-        cache_servers = [p.pid for p in cache_server_processes(server.proc.pid)]
-        assert cache_servers, [p.cmdline() for p in server.descendants()]
-
-        in_flight: dict = {}
-
-        def long_request():
-            body = {"model": "lmi-demo", "prompt": "import os\n", "max_tokens": 3000, "ignore_eos": True}
-            r = httpx.post(server.base_url + "/v1/completions", json=body, timeout=300)
-            in_flight.update(status=r.status_code, retry_after=r.headers.get("retry-after"), body=r.text)
-
-        worker = threading.Thread(target=long_request)
-        worker.start()
-        time.sleep(2.0)  # admitted and generating (3000 tokens take far longer)
-        assert not in_flight, f"the long request ended before the kill: {in_flight}"
-        killed = kill_engine(server.proc.pid)
-        killed_at = time.monotonic()
-        worker.join(60)
-        assert in_flight.get("status") == 503 and in_flight.get("retry_after"), in_flight
-        assert "being rebuilt" in in_flight["body"], in_flight
-
-        # While the engine is rebuilt: /ping 503, new requests 503 with Retry-After, /live 200.
-        deadline = time.monotonic() + 30
-        while httpx.get(server.base_url + "/ping", timeout=5).status_code == 200:
-            assert time.monotonic() < deadline, "/ping never turned 503 after the kill"
-            time.sleep(0.2)
+        assert 503 in server.ping_history
+        children = server.descendants()
+        assert children, "the engine runs in child processes"
+        mapped = _shm_mapped_by([server.proc.pid, *(c.pid for c in children)])
+        assert any(name.startswith("psm_") for name in mapped), mapped  # vLLM's message rings
+        results: list[dict] = [{"streaming": threading.Event()}, {"streaming": threading.Event()}]
+        # Long enough to be still running after the checks below on a fast host (400 tokens of the
+        # tiny model ended within a second of SIGTERM there, and the server was gone before the POST).
+        workers = [threading.Thread(target=_stream_tokens, args=(server, r, STREAM_TOKENS)) for r in results]
+        for w in workers:
+            w.start()
+        for r in results:
+            assert r["streaming"].wait(60), "the streams did not start"
+        log_start = len(server.log_path.read_text(errors="replace"))  # the drain's part of the log
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        # Still listening while draining: load balancers see 503, new work is refused with 503.
+        ping = httpx.get(server.base_url + "/ping", timeout=5)
+        assert ping.status_code == 503 and ping.json()["status"] == "draining"
         refused = httpx.post(server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=30)
         assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
-        assert httpx.get(server.base_url + "/live", timeout=5).status_code == 200
-
-        back = wait_serving(server.base_url, killed_at, timeout=600)
-        assert server.proc.poll() is None, "the server process ended"
-        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in killed)
-        assert [p.pid for p in cache_server_processes(server.proc.pid)] == cache_servers, "the cache server was restarted"
-
-        names = [a["name"] for a in httpx.get(server.base_url + "/adapters", timeout=30).json()["adapters"]]
-        assert "late-printer" in names, names
-        again = _lmi(server, {**prompt, "adapters": "late-printer"})  # loaded into the new engine on first use
-        assert again.status_code == 200 and again.json()["generated_text"] == adapted.json()["generated_text"], again.text
-        in_session = _lmi(server, {"inputs": "import os", "parameters": {"max_new_tokens": 2}}, {"X-Amzn-SageMaker-Session-Id": session})
-        assert in_session.status_code == 200, in_session.text
-        assert in_session.headers["X-Amzn-SageMaker-Session-Id"] == session
-        log = server.log_path.read_text(errors="replace")
-        assert "rebuilding it in this process (1 of 2" in log and "engine rebuilt after it died" in log
-        print(f"serving again {back['serving_s']} s after the kill (/ping statuses {back['pings']})")
+        assert not any(r.get("done") for r in results), "the streams ended before the drain was checked: make them longer"
+        for w in workers:
+            w.join(240)
+        for r in results:  # the open streams ran to their end
+            assert r.get("status") == 200 and r.get("done") and r.get("tokens") == STREAM_TOKENS and "error_event" not in r, r
+        assert server.proc.wait(90) == 0
+        log = server.log_path.read_text(errors="replace")[log_start:]
+        assert "drained: no request in flight" in log and "shutting down: stopping the engine" in log
+        assert "Traceback" not in log, server.log_tail()
+        deadline = time.monotonic() + 20
+        while _alive(children) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _alive(children), f"orphans: {_alive(children)}"
+        ours = {name for name in (_shm() - shm_before) & mapped if name.startswith(("psm_", "lmcache"))}
+        assert not ours, f"shared-memory segments left behind: {ours}"
     finally:
         server.stop()
 

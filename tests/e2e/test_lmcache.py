@@ -1,4 +1,5 @@
-"""LMCache end to end: real engine, real supervised cache server, CPU RAM + disk tiers."""
+"""LMCache end to end: real engine, real supervised cache server, CPU RAM + disk tiers, on the
+session's `lmcache_demo` server (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,7 @@ import psutil
 import pytest
 
 from lmi_server.kvcache.host import shm_free_bytes
-from tests.e2e.conftest import BASE_PROPS
 from tests.e2e.test_api import metric_value
-from tests.support import worker_hook
-from tests.support.server import ServerProcess, server_env, write_properties
 
 
 def long_prompt(n_chars: int = 9000) -> str:
@@ -26,25 +24,10 @@ def long_prompt(n_chars: int = 9000) -> str:
 
 
 @pytest.fixture(scope="module")
-def lmcache_server(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("lmcache-model")
-    disk = tmp_path_factory.mktemp("lmcache-disk")
-    (model_dir / "lmcache.yaml").write_text(
-        f"chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
-        f"local_disk: \"file://{disk}\"\nmax_local_disk_size: 2\nextra_config:\n  use_odirect: true\n"
-    )
-    props = {**BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
-    write_properties(model_dir, props)
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
-    try:
-        proc.wait_ready()
-        proc.disk = disk
-        yield proc
-    finally:
-        children = proc.descendants()
-        proc.stop()
-        leftovers = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-        assert not leftovers, f"processes left behind: {leftovers}"
+def lmcache_server(lmcache_demo):
+    """The session's LMCache server (tests/e2e/conftest.py), which test_lifecycle.py's engine-death
+    tests take over after this module."""
+    return lmcache_demo
 
 
 def complete(server, prompt: str, max_tokens: int = 8) -> dict:
@@ -169,38 +152,21 @@ def test_cache_server_killed_while_kv_is_being_stored_fails_no_request(lmcache_s
     assert complete(lmcache_server, "import os\n", 4)["choices"][0]["text"] is not None
 
 
-# Run inside the server's engine processes: the worker's copy of every LMCache hit into its KV
-# cache raises, as when the cache server dies between the lookup and the load.
-FAILING_LOADS = """\
-def on_connector_import():
-    from lmcache.v1.multiprocess.transfer_context import worker_transfer
-
-    def scatter_cpu_to_paged_kv(*args, **kwargs):
-        raise RuntimeError("injected KV load failure")
-
-    worker_transfer.scatter_cpu_to_paged_kv = scatter_cpu_to_paged_kv
-"""
-
-
-def test_a_kv_load_that_fails_is_recomputed_not_failed(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("lmcache-failing-loads")
-    python_path = worker_hook.install(tmp_path_factory.mktemp("failing-loads"), FAILING_LOADS)
-    (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
-    props = {**BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
-    write_properties(model_dir, props)
-    env = {**server_env(), "PYTHONPATH": python_path}
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=env).start()
+def test_a_kv_load_that_fails_is_recomputed_not_failed(lmcache_server):
+    """While the switch file exists, the engine worker's copy of every LMCache hit raises (the
+    server's worker hook, tests/e2e/conftest.py), as when the cache server dies between the lookup
+    and the load."""
+    prompt = Path(sysconfig.get_paths()["stdlib"], "inspect.py").read_text()[40000:43000]  # no earlier test sent it
+    lmcache_server.fail_loads.touch()
     try:
-        proc.wait_ready()
-        prompt = long_prompt(3000)
-        first = complete(proc, prompt)
+        first = complete(lmcache_server, prompt)
         # stored in LMCache, not in vLLM (prefix caching off): the second request hits LMCache, its
         # load fails, and vLLM computes those tokens again instead of failing the request
-        second = complete(proc, prompt)
+        second = complete(lmcache_server, prompt)
         assert second["choices"][0]["text"] == first["choices"][0]["text"]
-        log = (model_dir / "server.log").read_text()
+        log = lmcache_server.log_path.read_text(errors="replace")
         assert "injected KV load failure" in log
-        assert "Recovered from KV load failure" in log, proc.log_tail()
-        assert httpx.get(proc.base_url + "/ping").status_code == 200
+        assert "Recovered from KV load failure" in log, lmcache_server.log_tail()
+        assert httpx.get(lmcache_server.base_url + "/ping").status_code == 200
     finally:
-        proc.stop()
+        lmcache_server.fail_loads.unlink()

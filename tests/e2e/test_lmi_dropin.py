@@ -5,125 +5,22 @@ adapter_config.json names the hub model they were fine-tuned from.
 The model-level input formatter turns the deployment's own body shape ({"question": ...}) into an
 LMI request; its output formatter gets vLLM's response objects (whole, or each stream chunk) and
 what it returns is sent. The adapter's output formatter wins for the adapter's requests.
+
+The server (`lmi_dir`, tests/e2e/conftest.py) is the one tests/e2e/test_fuzz.py fuzzes after this
+module: a short context (option.max_model_len=128) and a batch of 16 for the fuzzer.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import _adapters_for
 from tests.e2e.test_lora import HEADER, HELLO
-from tests.support.server import DEMO_PROPS, running_server
+from tests.support.lmi_model_dir import HUB_BASE
 
 pytestmark = pytest.mark.e2e
-
-HUB_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the adapters say; the server serves lmi-demo
-
-MODEL_PY = '''
-import json
-
-from djl_python import Input
-from djl_python.encode_decode import decode
-from djl_python.input_parser import input_formatter
-from djl_python.output_formatter import output_formatter
-
-import helpers  # a module beside model.py
-from djl_python.async_utils import create_non_stream_output
-
-
-async def handle(inputs: Input):
-    """LMI's custom handler: takes requests that ask for it, leaves the rest to the server."""
-    payload = decode(inputs, inputs.get_property("Content-Type"))
-    if payload.get("handler") != "custom":
-        return None
-    if payload.get("fail"):
-        raise RuntimeError("custom handler intentionally failed")
-    props = inputs.get_properties()
-    return create_non_stream_output({"custom_handler_used": True, "echo": payload.get("inputs"), "model_id": props.get("model_id")})
-
-
-@input_formatter
-def custom_input_formatter(decoded_payload, tokenizer=None, **kwargs):
-    if "question" not in decoded_payload:
-        return decoded_payload  # LMI and OpenAI bodies pass through
-    if decoded_payload["question"] == "fail":
-        raise ValueError("input formatter refused the question")
-    if tokenizer is None or not tokenizer.encode(decoded_payload["question"]):
-        raise ValueError("the engine's tokenizer was not handed over")
-    return {
-        "inputs": decoded_payload["question"],
-        "parameters": {"max_new_tokens": decoded_payload.get("max_len", 8), "temperature": 0},
-        "stream": decoded_payload.get("stream", False),
-    }
-
-
-@output_formatter
-def custom_output_formatter(response):
-    if isinstance(response, str):  # a stream chunk, the string vLLM yields: "data: {...}"
-        data = response[len("data: "):].strip()
-        if data == "[DONE]":
-            return {"piece": None, "done": True, "formatted_by": "model"}
-        choice = (json.loads(data).get("choices") or [{}])[0]
-        piece = choice["text"] if "text" in choice else (choice.get("delta") or {}).get("content")
-        return {"piece": piece, "formatted_by": "model"}
-    choice = response.choices[0]
-    text = choice.message.content if hasattr(choice, "message") else choice.text
-    return helpers.wrap(text, response)
-'''
-
-HELPERS_PY = '''
-def wrap(text, response):
-    return {"answer": text, "formatted_by": "model", "type": type(response).__name__}
-'''
-
-ADAPTER_MODEL_PY = '''
-from djl_python.output_formatter import output_formatter
-
-
-@output_formatter
-def adapter_output(response):
-    choice = response.choices[0]
-    return {"adapter_answer": choice.text, "formatted_by": "adapter", "type": type(response).__name__}
-'''
-
-RAISING_MODEL_PY = '''
-from djl_python.output_formatter import output_formatter
-
-
-@output_formatter
-def broken(response):
-    raise RuntimeError("output formatter intentionally failed")
-'''
-
-
-@pytest.fixture(scope="module")
-def lmi_dir(tmp_path_factory):
-    from lmi_server.demo.builder import ensure_demo_model
-
-    model_dir = tmp_path_factory.mktemp("lmi-model-dir")
-    (model_dir / "model.py").write_text(MODEL_PY)
-    (model_dir / "helpers.py").write_text(HELPERS_PY)
-    root = model_dir / "adapters"  # LMI's layout: adapters/ beside serving.properties
-    root.mkdir()
-    _adapters_for(ensure_demo_model(), root)
-    shutil.rmtree(root / "shouter")
-    shutil.copytree(root / "hello-printer", root / "formatted")
-    (root / "formatted" / "model.py").write_text(ADAPTER_MODEL_PY)
-    shutil.copytree(root / "hello-printer", root / "raising")
-    (root / "raising" / "model.py").write_text(RAISING_MODEL_PY)
-    for name in ("hello-printer", "formatted", "raising"):
-        cfg_path = root / name / "adapter_config.json"
-        cfg = json.loads(cfg_path.read_text())
-        cfg["base_model_name_or_path"] = HUB_BASE  # fine-tuned from the hub id
-        cfg_path.write_text(json.dumps(cfg))
-    props = {**DEMO_PROPS, "option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8"}
-    with running_server(model_dir, props) as proc:
-        yield proc
-
 
 def post(server, path, body, headers=None):
     return httpx.post(server.base_url + path, json=body, headers=headers, timeout=120)

@@ -1,14 +1,15 @@
 """Security end to end, on one real server: API keys (also through the official openai client),
 KV reuse isolated between adapters and the base model (LMCache CPU tier, fp32, greedy), the
 Redis tier's password kept off every command line and out of the log, and output formatters
-that fail mid-stream (error event, engine request aborted, adapter lease released)."""
+that fail mid-stream (error event, engine request aborted, adapter lease released). The server
+(`keyed_server`, tests/e2e/conftest.py) is shared with tests/e2e/test_tenants.py, which runs after
+this module: its tenants' keys are in the same key file."""
 
 from __future__ import annotations
 
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sysconfig
 import time
@@ -21,82 +22,18 @@ import pytest
 from deploy.cluster import redis_server_binary
 from tests.e2e.test_api import metric_value
 from tests.e2e.test_lmcache import long_prompt
-from tests.e2e.conftest import _adapters_for
-from tests.support.server import DEMO_PROPS, ServerProcess, free_port, server_env, write_properties
+from tests.e2e.conftest import REDIS_PASSWORD, SECURITY_KEYS
 
-KEYS = ["sk-first-" + secrets.token_hex(12), "sk-second-" + secrets.token_hex(12)]
-REDIS_PASSWORD = "redis-pw-" + secrets.token_hex(12)
+KEYS = SECURITY_KEYS
 BASE = "lmi-demo"
-# Raises from its 6th streamed piece on (per request): the stream has begun when it fails.
-RAISE_LATE = """
-import json
-
-from djl_python.output_formatter import output_formatter
-
-_seen = {}
-
-
-@output_formatter
-def raise_late(response):
-    if not isinstance(response, str):  # a whole response: not streamed
-        return response
-    data = response[len("data:"):].strip()
-    if data == "[DONE]":
-        return response
-    key = json.loads(data).get("id")  # the request's id: pieces counted per stream
-    _seen[key] = _seen.get(key, 0) + 1
-    if _seen[key] > 5:
-        raise RuntimeError("formatter gave up at piece %d" % _seen[key])
-    return response
-"""
 
 pytestmark = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory):
-    from lmi_server.demo.builder import ensure_demo_model
-
-    model_dir = tmp_path_factory.mktemp("security-model-dir")
-    root = model_dir / "adapters"
-    root.mkdir()
-    _adapters_for(ensure_demo_model(), root)
-    shutil.copytree(root / "hello-printer", root / "hello-copy")
-    shutil.copytree(root / "hello-printer", root / "raising-late")
-    (root / "raising-late" / "model.py").write_text(RAISE_LATE)
-    # Redis with a password, from a 0600 config file (never on a command line).
-    redis_port = free_port()
-    conf = model_dir / "redis.conf"
-    conf.write_text(f"port {redis_port}\nbind 127.0.0.1\nrequirepass {REDIS_PASSWORD}\nsave \"\"\nappendonly no\ndir {model_dir}\n")
-    conf.chmod(0o600)
-    redis = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    (model_dir / "lmcache.yaml").write_text(
-        "chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
-        f"remote_url: \"redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_port}\"\n"
-    )
-    (model_dir / "api_keys").write_text("# rotation: both keys work\n" + "\n".join(KEYS) + "\n")
-    props = {
-        **DEMO_PROPS,
-        "option.enable_prefix_caching": "false",  # cached_tokens then counts LMCache hits only
-        "option.lmcache_config_file": "lmcache.yaml",
-        "option.enable_lora": "true",
-        "option.max_loras": "2",
-        "option.max_lora_rank": "8",
-        "option.adapters_path": str(root),
-        "option.api_key_file": "api_keys",
-    }
-    write_properties(model_dir, props)
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
-    try:
-        proc.wait_ready()
-        proc.redis_port = redis_port
-        proc.model_dir = model_dir
-        proc.adapters_root = root
-        yield proc
-    finally:
-        proc.stop()
-        redis.terminate()
-        redis.wait(10)
+def secure(keyed_server):
+    """The session's server with API keys (tests/e2e/conftest.py), which test_tenants.py shares."""
+    return keyed_server
 
 
 def auth(key: str = KEYS[0]) -> dict[str, str]:

@@ -4,7 +4,8 @@ limits answer 429 with the standard headers, /metrics names tenants and never th
 The server runs a batch of one (option.max_rolling_batch_size=1, plus the two slots
 option.reserved_slots adds for other tenants) with vLLM's priority scheduling; a long request (15,000 tokens, not streamed)
 holds alice's only slot while the tests queue her requests behind it. Tenants are named API keys
-(option.api_key_file).
+(option.api_key_file). The server (`keyed_server`, tests/e2e/conftest.py) is shared with
+tests/e2e/test_security.py, whose unnamed keys are in the same file (LMCache and LoRA on as well).
 """
 
 from __future__ import annotations
@@ -19,27 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.e2e.conftest import BASE_PROPS
-from tests.support.server import ServerProcess, running_server
+from tests.e2e.conftest import TENANT_KEYS
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
-KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789", "limited": "limited-key-0123456789"}
+KEYS = TENANT_KEYS
 
 
 @pytest.fixture(scope="module")
-def tenant_server(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("tenants")
-    (model_dir / "keys").write_text(
-        f"name=alice key={KEYS['alice']}\nname=bob key={KEYS['bob']} weight=2\n"
-        f"name=limited key={KEYS['limited']} requests_per_second=0.05\n"
-    )
-    props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "10",
-             "option.tenant_queue_share": "0.5", "option.api_key_file": "keys", "option.scheduling_policy": "priority",
-             # the holding stream must outlast the tests on a fast, quiet host (3,500 tokens did not)
-             "option.max_model_len": "16384"}
-    with running_server(model_dir, props) as proc:
-        yield proc
+def tenant_server(keyed_server):
+    """The session's server with API keys (tests/e2e/conftest.py), which test_security.py shares."""
+    return keyed_server
 
 
 def auth(tenant: str) -> dict[str, str]:
