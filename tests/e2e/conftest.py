@@ -65,13 +65,16 @@ def greedy(payload, **kwargs):
 '''
 LORA_PROPS = {"option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8"}
 LAST_MODULES = ("test_concurrent_fuzz.py",)
-# Tests (by module or by name) that take over a shared server after the module named: they end it
-# (tests/e2e/test_lifecycle.py: one engine rebuild, then a death past the budget), or change what
-# that module expects fresh (tests/e2e/test_fuzz.py).
+# Tests (by module or by name) that run right after the module named: they end its shared server
+# (tests/e2e/test_lifecycle.py: one engine rebuild, then a death past the budget), change what that
+# module expects fresh (tests/e2e/test_fuzz.py), or are its server's other users.
 FOLLOWS = {
     "test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server": "test_lmcache.py",
     "test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero": "test_lmcache.py",
     "test_fuzz.py": "test_lmi_dropin.py",
+    # the second module of a shared server at once: it does not idle beside the modules between
+    "test_front_doors.py": "test_assistant_kit.py",
+    "test_tenants.py": "test_security.py",
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
 SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir")
