@@ -214,8 +214,12 @@ class SpeculativeOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    speculative_method: Literal["eagle", "eagle3", "ngram", "mtp", "draft_model"] | None = Field(
-        None, description="Speculative method; combined with the two keys below into speculative_config."
+    speculative_method: Literal["eagle", "eagle3", "ngram", "suffix", "mtp", "draft_model"] | None = Field(
+        None, description=(
+            "Speculative method; combined with the two keys below into speculative_config. `suffix`: suffix "
+            "decoding (drafts from the prompt and earlier responses; for agent loops), vLLM's `suffix_decoding_*` "
+            "keys through `option.speculative_config`."
+        ),
     )
     speculative_draft_model: str | None = Field(
         None, description="Draft model directory (relative paths resolve against the model directory)."
