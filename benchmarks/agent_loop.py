@@ -52,6 +52,9 @@ MODES = {  # the only environment each mode adds to `make serve`'s
     "suffix": {"OPTION_SPECULATIVE_METHOD": "suffix"},
     "eagle3": {"OPTION_SPECULATIVE_METHOD": "eagle3"},
 }
+ENGINE_ENV = {"OPTION_CPU_KV_CACHE_SPACE": "2"}
+"""Every mode's engine KV cache (GiB): fixed, so that no mode's cache depends on what else ran on the host
+(16 agents need about 16,000 tokens at once; 2 GiB hold about 46,000)."""
 SOURCES = (  # small modules of this repository whose first fitting function an agent works on
     "lmi_server/restart_budget.py", "lmi_server/response_store.py", "lmi_server/metric_labels.py",
     "lmi_server/media_policy.py", "lmi_server/preflight.py", "lmi_server/source_ref.py",
@@ -132,26 +135,33 @@ async def agent(client: httpx.AsyncClient, url: str, task: dict, max_tokens: int
     return out
 
 
-async def run_agents(url: str, work: list[dict], max_tokens: int) -> tuple[list[list[dict]], float]:
-    limits = httpx.Limits(max_connections=len(work) + 4, max_keepalive_connections=len(work) + 4)
+async def run_agents(url: str, work: list[dict], clients: int, max_tokens: int) -> tuple[list[list[dict]], float]:
+    """Every agent's loop, `clients` agents at a time (the next starts when one finishes)."""
+    sem = asyncio.Semaphore(clients)
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+
+        async def one(task: dict) -> list[dict]:
+            async with sem:
+                return await agent(client, url, task, max_tokens)
+
         t0 = time.perf_counter()
-        done = await asyncio.gather(*(agent(client, url, t, max_tokens) for t in work))
+        done = await asyncio.gather(*(one(t) for t in work))
         return list(done), time.perf_counter() - t0
 
 
-def run_level(url: str, all_tasks: list[dict], clients: int, max_tokens: int) -> dict:
-    """`clients` agents at once, agent i on task i (mod the tasks)."""
-    work = [all_tasks[i % len(all_tasks)] for i in range(clients)]
+def run_level(url: str, all_tasks: list[dict], clients: int, max_tokens: int, agents: int = 0) -> dict:
+    """max(`agents`, `clients`) agents, `clients` at once, agent i on task i (mod the tasks)."""
+    work = [all_tasks[i % len(all_tasks)] for i in range(max(agents, clients))]
     before = spec_counters(url)
-    done, wall = asyncio.run(run_agents(url, work, max_tokens))
+    done, wall = asyncio.run(run_agents(url, work, clients, max_tokens))
     after = spec_counters(url)
     d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
     reqs = [r for a in done for r in a]
     tokens = sum(r["tokens"] for r in reqs)
     itl = [r["itl_s"] for r in reqs if r["itl_s"]]
     return {
-        "concurrency": clients, "agents": clients, "requests": len(reqs), "output_tokens": tokens,
+        "concurrency": clients, "agents": len(work), "requests": len(reqs), "output_tokens": tokens,
         "prompt_tokens_mean": round(sum(r["prompt_tokens"] for r in reqs) / len(reqs), 1),
         "wall_s": round(wall, 2), "output_tokens_per_s": round(tokens / wall, 2),
         "mean_itl_ms": round(1000 * sum(itl) / len(itl), 1) if itl else None,
@@ -198,9 +208,9 @@ def host() -> dict:
     return {**machine(), "cpu_model": model, "cpu_flags": {f: f in flags for f in wanted}, "versions": versions}
 
 
-def run_mode(mode: str, work: Path, all_tasks: list[dict], levels: list[int], max_tokens: int) -> dict:
+def run_mode(mode: str, work: Path, all_tasks: list[dict], levels: list[int], max_tokens: int, agents: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
-    env.update(MODES[mode])
+    env.update({**ENGINE_ENV, **MODES[mode]})
     port = free_port()
     argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
             "--host", "127.0.0.1", "--port", str(port)]
@@ -210,7 +220,7 @@ def run_mode(mode: str, work: Path, all_tasks: list[dict], levels: list[int], ma
         run_level(server.url, all_tasks[-1:], 1, 16)  # warm-up on another task than level 1's, not recorded
         out = []
         for c in levels:
-            lv = run_level(server.url, all_tasks, c, max_tokens)
+            lv = run_level(server.url, all_tasks, c, max_tokens, agents)
             out.append(lv)
             print(f"{mode} c={c}: {lv['output_tokens_per_s']} tok/s, acc len {lv['mean_acceptance_length']}", flush=True)
     return {"mode": mode, "env": MODES[mode], "start_s": round(server.start_s, 1), "levels": out}
@@ -221,24 +231,26 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    ap.add_argument("--agents", type=int, default=0, help="agents per level at least (run `clients` at a time)")
     ap.add_argument("--name", default="agent_loop")
     ap.add_argument("--baseline", default="none")
     args = ap.parse_args()
     all_tasks = tasks()
     work = Path(tempfile.mkdtemp(prefix="lmi-agent-loop-"))
-    load_start = os.getloadavg()
-    runs = [run_mode(mode, work, all_tasks, args.concurrency, args.max_tokens) for mode in args.modes]
     doc = {
-        "benchmark": "agent_loop", "host": host(), "load_average_at_start": load_start,
-        "load_average_at_end": os.getloadavg(), "max_tokens": args.max_tokens, "turns": TURNS,
+        "benchmark": "agent_loop", "host": host(), "load_average_at_start": os.getloadavg(),
+        "max_tokens": args.max_tokens, "turns": TURNS, "min_agents": args.agents, "engine_env": ENGINE_ENV,
         "tasks": [{k: t[k] for k in ("path", "function", "lines", "sha1")} for t in all_tasks],
-        "baseline": args.baseline, "runs": runs,
+        "baseline": args.baseline, "runs": [],
     }
-    compare(doc, args.baseline)
-    path = save(args.name, doc)
+    for mode in args.modes:  # saved after each mode: a host that kills an engine keeps the modes before it
+        doc["runs"].append(run_mode(mode, work, all_tasks, args.concurrency, args.max_tokens, args.agents))
+        doc["load_average_at_end"] = os.getloadavg()
+        compare(doc, args.baseline)
+        path = save(args.name, doc)
     plot(doc, RESULTS / f"{args.name}.png")
     print(f"wrote {path}")
-    for r in runs:
+    for r in doc["runs"]:
         print(r["mode"], [(lv["concurrency"], lv["output_tokens_per_s"], lv.get(f"speedup_vs_{args.baseline}"),
                            lv.get("identical_share"), lv["mean_acceptance_length"]) for lv in r["levels"]])
     return 0
