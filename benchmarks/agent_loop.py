@@ -117,6 +117,10 @@ def turn_messages(task: dict, turn: int) -> list[dict]:
 
 
 TURNS = 3
+ANSWER_STARTS = ("```python\n", "```diff\n", "```python\n")
+"""The start of each answer, given as the assistant's message to continue (vLLM's `continue_final_message`), as
+agent harnesses prefill: without it the 135M assistant imitates the harness's tool-call lines (20-30 tokens of
+`[read_file(...)]`) instead of writing the code, diff or fix it was asked for."""
 
 
 async def agent(client: httpx.AsyncClient, url: str, task: dict, max_tokens: int) -> list[dict]:
@@ -124,11 +128,13 @@ async def agent(client: httpx.AsyncClient, url: str, task: dict, max_tokens: int
     out = []
     for turn in range(TURNS):
         messages += turn_messages(task, turn)
-        body = {"messages": messages, "tools": TOOLS, "tool_choice": "none", "max_tokens": max_tokens, "temperature": 0}
+        start = {"role": "assistant", "content": ANSWER_STARTS[turn]}
+        body = {"messages": [*messages, start], "tools": TOOLS, "tool_choice": "none", "max_tokens": max_tokens,
+                "temperature": 0, "continue_final_message": True, "add_generation_prompt": False}
         r = await stream_completion(client, url + "/v1/chat/completions", body)
         if not r.ok:
             raise RuntimeError(f"agent on {task['path']} turn {turn}: {r.error}")
-        messages.append({"role": "assistant", "content": r.text})
+        messages.append({"role": "assistant", "content": ANSWER_STARTS[turn] + r.text})
         out.append({"turn": turn, "tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens, "ttft_s": r.ttft_s,
                     "itl_s": sum(r.itl_s) / len(r.itl_s) if r.itl_s else None, "text": r.text,
                     "sha1": hashlib.sha1(r.text.encode()).hexdigest()[:12]})
