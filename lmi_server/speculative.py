@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lmi_server import speculative_suffix
 from lmi_server.config.schema import ServingConfig
 from lmi_server.model_source import is_remote
 
@@ -105,6 +106,9 @@ def requested_config(
             out["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in NGRAM_TOKENS_BY_BATCH]
         out.setdefault("prompt_lookup_max", NGRAM_PROMPT_LOOKUP_MAX)
         out.setdefault("prompt_lookup_min", NGRAM_PROMPT_LOOKUP_MIN)
+    if spec.speculative_method == "suffix":
+        out.pop("num_speculative_tokens_per_batch_size", None)
+        speculative_suffix.apply_defaults(out, tokens_given=spec.num_speculative_tokens is not None)
     return out
 
 
@@ -139,6 +143,12 @@ def build_speculative_config(
     method = wanted.get("method")
     if method is None:
         method = wanted["method"] = infer_method(wanted.get("model"))
+    if method == "suffix":
+        try:
+            speculative_suffix.check(wanted)
+        except speculative_suffix.SuffixConfigError as exc:
+            raise SpeculativeConfigError(str(exc)) from None
+        wanted.setdefault("num_speculative_tokens", speculative_suffix.SUFFIX_SPECULATIVE_TOKENS)
     n = wanted.get("num_speculative_tokens")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SPECULATIVE_TOKENS:
         raise SpeculativeConfigError(f"num_speculative_tokens={n!r}: expected an integer from 1 to {MAX_SPECULATIVE_TOKENS}")

@@ -214,8 +214,12 @@ class SpeculativeOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    speculative_method: Literal["eagle", "eagle3", "ngram", "mtp", "draft_model"] | None = Field(
-        None, description="Speculative method; combined with the two keys below into speculative_config."
+    speculative_method: Literal["eagle", "eagle3", "ngram", "suffix", "mtp", "draft_model"] | None = Field(
+        None, description=(
+            "Speculative method; combined with the two keys below into speculative_config. `suffix`: suffix "
+            "decoding (drafts from the prompt and earlier responses; for agent loops), vLLM's `suffix_decoding_*` "
+            "keys through `option.speculative_config`."
+        ),
     )
     speculative_draft_model: str | None = Field(
         None, description="Draft model directory (relative paths resolve against the model directory)."
@@ -223,7 +227,8 @@ class SpeculativeOptions(BaseModel):
     num_speculative_tokens: int | None = Field(
         None, ge=1, le=16, description=(
             "Tokens drafted per step (unset: 3; with the assistant's shipped EAGLE-3 head 2 while 1-2 requests run, "
-            "1 at 3-8, none above). Draft tokens by batch size for any model: `num_speculative_tokens_per_batch_size` "
+            "1 at 3-8, none above; ngram 8 up to 8 running requests, none above; suffix at most 16, as far as a "
+            "match predicts). Draft tokens by batch size for any model: `num_speculative_tokens_per_batch_size` "
             "in `option.speculative_config` (vLLM's `[[first, last, tokens], ...]`, checked at start-up)."
         ),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from lmi_server import catalogue
@@ -21,6 +22,11 @@ def resolve_speculative(
 ) -> dict[str, Any] | None:
     """The engine's speculative_config, or None when no speculation is configured."""
     from lmi_server.speculative import DEFAULT_SPECULATIVE_TOKENS, SpeculativeConfigError, build_speculative_config
+    from lmi_server.speculative_suffix import plugin_refusal
+
+    refusal = plugin_refusal(os.environ)
+    if refusal is not None:
+        raise ConfigError([refusal])
 
     method = cfg.speculative.speculative_method
     default_draft = builtin_draft(cfg.model.source, method) if method in ("eagle", "eagle3") else None

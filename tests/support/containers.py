@@ -19,7 +19,9 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "containers.sh"
 # What decides whether the GPU image still builds: its Dockerfile, the project's dependencies and the script.
-GPU_IMAGE_INPUTS = ("Dockerfile", "pyproject.toml", "scripts/containers.sh", "scripts/repair_torch.py")
+GPU_IMAGE_INPUTS = (
+    "Dockerfile", "pyproject.toml", "scripts/containers.sh", "scripts/repair_torch.py", "scripts/build_suffix_decoding.py",
+)
 GPU_IMAGE_VERIFIED = REPO / "tests" / "data" / "gpu_image_verified.json"
 
 
