@@ -21,7 +21,11 @@ slots were added to the engine on top of the batch size (`runtime.fair_headroom`
 share a tenant also waits until its last streamed request has its first token
 (`PREFILLS_BEYOND_SHARE`): a flood's refills then enter the engine one prefill per step, where a
 batch's worth at once made one long step that a newcomer arriving during it waited behind (its
-TTFT doubled; measured, `benchmarks/fairness.py`).
+TTFT doubled; measured, `benchmarks/fairness.py`). And beyond its share a tenant takes no slot at
+all while another tenant's streamed request awaits its first token (`YIELD_TO_FIRST_TOKENS`): the
+newcomer's prefill step then holds none of the flood's prefills, and the flood's streams that end
+meanwhile leave that step smaller (LoRA adapters as tenants: another adapter's TTFT went from 2.5x
+its solo TTFT toward 2x; `benchmarks/fairness.py --tenants adapters`).
 
 The wait bound holds even when the event loop is late: each waiter carries its own deadline,
 enforced by one timer (the earliest deadline) and checked again whenever a slot is handed out or a
@@ -73,6 +77,11 @@ PREFILLS_BEYOND_SHARE = 1
 streamed requests than this await their first token. Its refills then enter the engine one
 prefill per step instead of a whole batch's worth in one long step, which a newcomer arriving
 meanwhile would wait behind."""
+
+YIELD_TO_FIRST_TOKENS = True
+"""Fair policy: a tenant beyond its share takes no slot while another tenant's streamed request
+awaits its first token, so that request's prefill step holds none of its prefills. Within its
+share a tenant is never held back: a flood keeps at least its share however often others come."""
 
 
 class Rejected(Exception):
@@ -206,7 +215,8 @@ class Admission:
     def _eligible(self, tenant: str) -> bool:
         """May `tenant` take a free slot now? Always, while it stays within its weighted share of the
         slots among the tenants present (or is alone); beyond its share only if `reserved_slots`
-        slots stay free for the others; never past `tenant_cap`."""
+        slots stay free for the others, none of its streams and no other tenant's awaits its first
+        token; never past `tenant_cap`."""
         if self.tenant_cap is not None and self._held[tenant] >= self.tenant_cap:
             return False
         reserve = self._reserve()
@@ -221,6 +231,8 @@ class Admission:
             return True
         if self._awaiting_first[tenant] >= PREFILLS_BEYOND_SHARE:
             return False  # its refills trickle in: no long burst step for a newcomer to wait behind
+        if YIELD_TO_FIRST_TOKENS and any(n != tenant and k > 0 for n, k in self._awaiting_first.items()):
+            return False  # another tenant's prefill step comes first, without this one's
         return self.slots - self.active - 1 >= reserve
 
     def queue_cap(self) -> int:
