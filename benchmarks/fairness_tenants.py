@@ -235,7 +235,7 @@ def _rate(ts: list[float], vs: list[float]) -> tuple[list[float], list[float]]:
 
 
 def plot_series(runs: dict, out: Path, plt) -> Path:
-    rows = ("in engine", "waiting", "queue wait (s, mean per interval)", "TTFT (s, mean per interval)", "tokens/s")
+    rows = ("in engine", "waiting", "queue wait (s, interval mean, log)", "TTFT (s, interval mean, log)", "tokens/s")
     fig, axes = plt.subplots(len(rows), max(1, len(runs)), figsize=(5.5 * max(1, len(runs)), 11), squeeze=False, sharex="col")
     for j, (variant, r) in enumerate(runs.items()):
         for who, color in (("flood", "tab:red"), ("probe", "tab:blue")):
@@ -247,7 +247,9 @@ def plot_series(runs: dict, out: Path, plt) -> Path:
                 ts, sums = _series(s, metric + "_sum", tenant)
                 _, counts = _series(s, metric + "_count", tenant)
                 pts = [(t, (b - a) / (d - c)) for t, a, b, c, d in zip(ts[1:], sums, sums[1:], counts, counts[1:]) if d > c]
-                axes[row][j].plot([t for t, _ in pts], [v for _, v in pts], color=color, marker="o", markersize=3, linestyle="")
+                axes[row][j].plot([t for t, _ in pts], [max(v, 1e-3) for _, v in pts], color=color, marker="o", markersize=3,
+                                  linestyle="")
+                axes[row][j].set_yscale("log")
             axes[4][j].plot(*_rate(*_series(s, "lmi_usage_generation_tokens_total", tenant)), color=color)
         for i in range(len(rows)):
             axes[i][j].axvline(r["flood_start_s"], color="black", linewidth=0.6, linestyle="--")
