@@ -343,21 +343,22 @@ def test_a_streamed_request_awaits_its_first_token_from_admission():
     run(scenario())
 
 
-def test_beyond_its_share_a_flood_refills_one_prefill_at_a_time():
-    """Beyond its share, a streaming flood gets a slot only while none of its requests awaits its
-    first token: its refills enter the engine one per step, not as one long burst step."""
+def test_with_others_present_a_flood_enters_one_prefill_at_a_time():
+    """With another tenant present, a streaming flood gets a slot only while none of its requests
+    awaits its first token, within its share and beyond: its first requests and its refills enter
+    the engine one per step, not as one long burst step."""
 
     async def scenario():
         adm = Admission(queue_size=100, slots=10, policy="fair", reserved_slots=2)
         adm._seen["B"] = adm.clock()
         a = [asyncio.create_task(adm.acquire("A", stream=True)) for _ in range(12)]
         await asyncio.sleep(0)
-        assert adm.held("A") == 5  # its share (of 10, B present) at once
+        assert adm.held("A") == 1  # one prefill, not its share (5 of 10, B present) at once
 
         def admitted():
             return [t.result() for t in a if t.done()]
 
-        for held in (6, 7, 8):
+        for held in (2, 3, 4, 5, 6, 7, 8):
             for t in admitted():
                 t.first_token()
             await asyncio.sleep(0)
