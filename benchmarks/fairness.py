@@ -209,9 +209,11 @@ def adapters_main(args, work: Path, load_start) -> int:
         return [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
                 "--host", "127.0.0.1", "--port", str(port)]
 
-    runs = fairness_tenants.run(args, work, argv_for)
-    doc = {"benchmark": "fairness_adapters", "machine": machine() | {"cpu_flags": fairness_tenants.cpu_flags()},
-           "load_average_at_start": load_start, "load_average_at_end": os.getloadavg(), "args": vars(args), "runs": runs}
+    def document(runs: dict) -> dict:
+        return {"benchmark": "fairness_adapters", "machine": machine() | {"cpu_flags": fairness_tenants.cpu_flags()},
+                "load_average_at_start": load_start, "load_average_at_end": os.getloadavg(), "args": vars(args), "runs": runs}
+
+    doc = document(fairness_tenants.run(args, work, argv_for, lambda runs: save(args.name, document(runs))))
     path = save(args.name, doc)
     fairness_tenants.plot(doc, args.name)
     print(f"wrote {path}")

@@ -179,8 +179,9 @@ async def run_variant(url: str, variant: str, args) -> dict:
     return out
 
 
-def run(args, work: Path, argv_for) -> dict:
-    """Every variant in `args.variants`, one server each; `argv_for(port)` is the serve command."""
+def run(args, work: Path, argv_for, saved=lambda runs: None) -> dict:
+    """Every variant in `args.variants`, one server each; `argv_for(port)` is the serve command.
+    `saved(runs)` after each variant: a run cut short keeps the variants it measured."""
     runs = {}
     for variant in args.variants:
         port = free_port()
@@ -192,6 +193,7 @@ def run(args, work: Path, argv_for) -> dict:
                 runs[variant] = asyncio.run(run_variant(server.url, variant, args))
         except (RuntimeError, TimeoutError) as exc:
             runs[variant] = {"error": str(exc)}
+        saved(runs)
     return runs
 
 
