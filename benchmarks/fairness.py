@@ -3,6 +3,10 @@
 
     python benchmarks/fairness.py            # writes benchmarks/results/fairness.{json,png}
     python benchmarks/fairness.py --reserved-slots 1 --name fairness_reserve1
+    python benchmarks/fairness.py --tenants adapters   # benchmarks/results/fairness_adapters{,_series}.png + .json
+
+`--tenants adapters`: one LoRA adapter floods, another probes, tenants named by the adapters, by API
+keys, and by the adapters with LMCache on (`benchmarks/fairness_tenants.py`). Otherwise:
 
 For each admission policy (`option.admission_policy=fifo`, then `fair`) the built-in assistant
 (`make serve`'s model) is started with `option.max_num_seqs=8` (fair: plus `option.reserved_slots`, default 2) and `option.tenant_header=x-tenant-id`;
@@ -30,6 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import fairness_tenants  # noqa: E402
 from benchmarks.common import RESULTS, RequestResult, Server, free_port, machine, pct, save, stream_completion  # noqa: E402
 
 QUESTIONS = [
@@ -147,10 +152,21 @@ def main() -> int:
     ap.add_argument("--reserved-slots", type=int, default=None, help="option.reserved_slots (default: the server's)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="another option.KEY for both servers (e.g. max_num_batched_tokens=96)")
-    ap.add_argument("--name", default="fairness")
+    ap.add_argument("--name", default=None, help="results name (default: fairness, or fairness_adapters)")
+    ap.add_argument("--tenants", choices=["header", "adapters"], default="header",
+                    help="header: tenants A/B/C by x-tenant-id, FIFO vs fair; adapters: flood on one adapter, probes on another")
+    ap.add_argument("--variants", nargs="+", default=list(fairness_tenants.VARIANTS), choices=fairness_tenants.VARIANTS,
+                    help="--tenants adapters: tenants by adapter, by API key, by adapter with LMCache on")
+    ap.add_argument("--probes", type=int, default=8)
+    ap.add_argument("--probe-every", type=float, default=1.5)
+    ap.add_argument("--probe-delay", type=float, default=1.0, help="seconds into the flood the first probe is sent")
+    ap.add_argument("--scrape-every", type=float, default=0.5)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lmi-fair-"))
     load_start = os.getloadavg()
+    if args.tenants == "adapters":
+        return adapters_main(args, work, load_start)
+    args.name = args.name or "fairness"
     runs = {}
     for policy in args.policies:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
@@ -182,6 +198,24 @@ def main() -> int:
                 runs[p]["flood"][t]["ttft_p99_vs_idle"] = round(flood["ttft_p99_s"] / idle["ttft_p99_s"], 2)
     path = save(args.name, doc)
     plot(doc, RESULTS / f"{args.name}.png")
+    print(f"wrote {path}")
+    return 0
+
+
+def adapters_main(args, work: Path, load_start) -> int:
+    args.name = args.name or "fairness_adapters"
+
+    def argv_for(port: int) -> list[str]:
+        return [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
+                "--host", "127.0.0.1", "--port", str(port)]
+
+    def document(runs: dict) -> dict:
+        return {"benchmark": "fairness_adapters", "machine": machine() | {"cpu_flags": fairness_tenants.cpu_flags()},
+                "load_average_at_start": load_start, "load_average_at_end": os.getloadavg(), "args": vars(args), "runs": runs}
+
+    doc = document(fairness_tenants.run(args, work, argv_for, lambda runs: save(args.name, document(runs))))
+    path = save(args.name, doc)
+    fairness_tenants.plot(doc, args.name)
     print(f"wrote {path}")
     return 0
 

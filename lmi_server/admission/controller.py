@@ -16,12 +16,16 @@ Slot headroom (fair policy): while another tenant is present (has requests in fl
 or sent one within the last `PRESENCE_S` seconds), a tenant beyond its weighted share of the slots
 takes a free slot only if `reserved_slots` slots stay free, so that another tenant's request starts
 at once instead of waiting for someone else's stream to end (running streams cannot be preempted).
-Within its share, or alone, a tenant takes any free slot, up to `tenant_cap` when the reserved
-slots were added to the engine on top of the batch size (`runtime.fair_headroom`). Beyond its
-share a tenant also waits until its last streamed request has its first token
-(`PREFILLS_BEYOND_SHARE`): a flood's refills then enter the engine one prefill per step, where a
-batch's worth at once made one long step that a newcomer arriving during it waited behind (its
-TTFT doubled; measured, `benchmarks/fairness.py`).
+Alone, a tenant takes any free slot, up to `tenant_cap` when the reserved slots were added to the
+engine on top of the batch size (`runtime.fair_headroom`). With others present a tenant also waits
+until its last streamed request has its first token (`PREFILLS_WHILE_SHARED`), within its share
+or beyond it: a flood's first requests and its refills then enter the engine one prefill per step,
+where a batch's worth at once made one long step that a newcomer arriving during it waited behind
+(its TTFT doubled; measured, `benchmarks/fairness.py`; a flood's first five prefills in one step
+held every probe sent in the next seconds, `benchmarks/fairness.py --tenants adapters`). And beyond
+its share a tenant takes no slot at all while another tenant's streamed request awaits its first
+token (`YIELD_TO_FIRST_TOKENS`): the newcomer's prefill step then holds none of the flood's
+prefills, and the flood's streams that end meanwhile leave that step smaller.
 
 The wait bound holds even when the event loop is late: each waiter carries its own deadline,
 enforced by one timer (the earliest deadline) and checked again whenever a slot is handed out or a
@@ -68,11 +72,16 @@ TENANT_WAIT = Histogram(
 
 PRESENCE_S = 60.0
 """A tenant counts as present this long after its last request (for slot reservation)."""
-PREFILLS_BEYOND_SHARE = 1
-"""Fair policy, others present: a tenant beyond its share takes a slot only while fewer of its
-streamed requests than this await their first token. Its refills then enter the engine one
-prefill per step instead of a whole batch's worth in one long step, which a newcomer arriving
+PREFILLS_WHILE_SHARED = 1
+"""Fair policy, others present: a tenant (within its share or beyond) takes a slot only while fewer
+of its streamed requests than this await their first token. A flood's requests then enter the
+engine one prefill per step instead of a batch's worth in one long step, which a newcomer arriving
 meanwhile would wait behind."""
+
+YIELD_TO_FIRST_TOKENS = True
+"""Fair policy: a tenant beyond its share takes no slot while another tenant's streamed request
+awaits its first token, so that request's prefill step holds none of its prefills. Within its
+share a tenant is never held back: a flood keeps at least its share however often others come."""
 
 
 class Rejected(Exception):
@@ -204,9 +213,10 @@ class Admission:
         return present
 
     def _eligible(self, tenant: str) -> bool:
-        """May `tenant` take a free slot now? Always, while it stays within its weighted share of the
-        slots among the tenants present (or is alone); beyond its share only if `reserved_slots`
-        slots stay free for the others; never past `tenant_cap`."""
+        """May `tenant` take a free slot now? Alone, always; with others present, while none of its
+        streams awaits its first token: within its weighted share of the slots always, beyond it
+        only if `reserved_slots` slots stay free for the others and no other tenant's stream awaits
+        its first token; never past `tenant_cap`."""
         if self.tenant_cap is not None and self._held[tenant] >= self.tenant_cap:
             return False
         reserve = self._reserve()
@@ -215,12 +225,14 @@ class Admission:
         present = set(self._present(self.clock())) | {tenant}
         if len(present) == 1:
             return True
+        if self._awaiting_first[tenant] >= PREFILLS_WHILE_SHARED:
+            return False  # its requests trickle in: no long burst step for a newcomer to wait behind
         weight = self.weights.get(tenant, 1.0)
         share = self.slots * weight / sum(self.weights.get(t, 1.0) for t in present)
         if self._held[tenant] + 1 <= share:
             return True
-        if self._awaiting_first[tenant] >= PREFILLS_BEYOND_SHARE:
-            return False  # its refills trickle in: no long burst step for a newcomer to wait behind
+        if YIELD_TO_FIRST_TOKENS and any(n != tenant and k > 0 for n, k in self._awaiting_first.items()):
+            return False  # another tenant's prefill step comes first, without this one's
         return self.slots - self.active - 1 >= reserve
 
     def queue_cap(self) -> int:

@@ -343,21 +343,22 @@ def test_a_streamed_request_awaits_its_first_token_from_admission():
     run(scenario())
 
 
-def test_beyond_its_share_a_flood_refills_one_prefill_at_a_time():
-    """Beyond its share, a streaming flood gets a slot only while none of its requests awaits its
-    first token: its refills enter the engine one per step, not as one long burst step."""
+def test_with_others_present_a_flood_enters_one_prefill_at_a_time():
+    """With another tenant present, a streaming flood gets a slot only while none of its requests
+    awaits its first token, within its share and beyond: its first requests and its refills enter
+    the engine one per step, not as one long burst step."""
 
     async def scenario():
         adm = Admission(queue_size=100, slots=10, policy="fair", reserved_slots=2)
         adm._seen["B"] = adm.clock()
         a = [asyncio.create_task(adm.acquire("A", stream=True)) for _ in range(12)]
         await asyncio.sleep(0)
-        assert adm.held("A") == 5  # its share (of 10, B present) at once
+        assert adm.held("A") == 1  # one prefill, not its share (5 of 10, B present) at once
 
         def admitted():
             return [t.result() for t in a if t.done()]
 
-        for held in (6, 7, 8):
+        for held in (2, 3, 4, 5, 6, 7, 8):
             for t in admitted():
                 t.first_token()
             await asyncio.sleep(0)
@@ -381,6 +382,49 @@ def test_beyond_its_share_a_flood_refills_one_prefill_at_a_time():
             t.release()
         await asyncio.sleep(0)
         assert all(t.done() for t in a) and adm.held("A") == 4  # both last requests in together
+        for t in a:
+            t.cancel()
+        await asyncio.gather(*a, return_exceptions=True)
+
+    run(scenario())
+
+
+def test_beyond_its_share_a_flood_yields_to_another_tenants_first_token():
+    """While another tenant's stream awaits its first token, a tenant beyond its share takes no
+    slot: that newcomer's prefill step holds none of the flood's prefills (adapters as tenants:
+    benchmarks/fairness.py --tenants adapters). Within its share the flood still refills."""
+
+    async def scenario():
+        adm = Admission(queue_size=100, slots=10, policy="fair", reserved_slots=2, tenant_cap=8)
+        a = [asyncio.create_task(adm.acquire("A", stream=True)) for _ in range(14)]
+        await asyncio.sleep(0)
+
+        def admitted():
+            return [t.result() for t in a if t.done()]
+
+        for _ in range(8):  # alone: up to its cap, one prefill at a time
+            for t in admitted():
+                t.first_token()
+            await asyncio.sleep(0)
+        assert adm.held("A") == 8
+        b = await asyncio.wait_for(adm.acquire("B", stream=True), 1)  # in a reserved slot, at once
+        old = admitted()
+        for t in old[:2]:
+            t.release()  # two of A's streams end while B awaits its first token
+        await asyncio.sleep(0)
+        assert adm.held("A") == 6  # beyond its share (5 of 10): no refill before B's first token
+        b.first_token()
+        await asyncio.sleep(0)
+        assert adm.held("A") == 7  # then one refill (2 reserved slots stay free)
+        for t in admitted():
+            t.first_token()
+        b2 = await asyncio.wait_for(adm.acquire("B", stream=True), 1)
+        for t in old[2:5]:
+            t.release()  # A down to 4 while B's second stream awaits its first token
+        await asyncio.sleep(0)
+        assert adm.held("A") == 5  # within its share A still refills, and no further
+        for t in (b, b2):
+            t.release()
         for t in a:
             t.cancel()
         await asyncio.gather(*a, return_exceptions=True)
