@@ -74,6 +74,7 @@ FOLLOWS = {
     "test_fuzz.py": "test_lmi_dropin.py",
     # the second module of a shared server at once: it does not idle beside the modules between
     "test_front_doors.py": "test_assistant_kit.py",
+    "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
     "test_tenants.py": "test_security.py",
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`

@@ -4,7 +4,8 @@ this repository comes back as it does without speculation, and repeating the tur
 earlier response (vLLM's acceptance counters in /metrics grow).
 
 One engine start of its own (the suffix server); the reference without speculation is the shared
-`assistant_with_lora` server's base model (tests/e2e/conftest.py), asked without an adapter."""
+`assistant_with_lora` server's base model (tests/e2e/conftest.py), asked without an adapter and with its
+API key (the suffix server has none and ignores it)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.conftest import ASSISTANT_KEY
 from tests.e2e.test_api import metric_value
 from tests.support.server import running_server
 
@@ -46,7 +48,8 @@ def agent_turn() -> list[dict]:
 def greedy(server, messages: list[dict], **extra) -> httpx.Response:
     return httpx.post(server.base_url + "/v1/chat/completions", json={
         "model": "smollm2-135m-instruct", "messages": messages, "max_tokens": 96, "temperature": 0,
-        "logprobs": True, "top_logprobs": 2, **extra}, timeout=600)
+        "logprobs": True, "top_logprobs": 2, **extra},
+        headers={"Authorization": f"Bearer {ASSISTANT_KEY}"}, timeout=600)  # the shared assistant has a key
 
 
 def tokens(response: httpx.Response) -> list[dict]:
