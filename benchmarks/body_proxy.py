@@ -32,6 +32,9 @@ class BodyProxy:
         self.url = f"http://127.0.0.1:{port}"
         self.fields = fields
         self.requests = 0
+        self.texts: list[str] = []
+        """The text of every streamed chat answer longer than one token, in order (the quality
+        benchmark scores them itself where the model does not write LMCache's answer tags)."""
         app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST"])])
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
@@ -51,7 +54,9 @@ class BodyProxy:
         from starlette.responses import StreamingResponse
 
         raw = await request.body()
+        keep = False
         if request.method == "POST" and raw:
+            keep = (json.loads(raw).get("max_tokens") or 0) > 1
             raw = self._body(raw)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         client = httpx.AsyncClient(timeout=None)
@@ -63,7 +68,15 @@ class BodyProxy:
             await response.aclose()
             await client.aclose()
 
-        return StreamingResponse(response.aiter_raw(), status_code=response.status_code,
+        async def relay():
+            chunks = []
+            async for chunk in response.aiter_raw():
+                chunks.append(chunk)
+                yield chunk
+            if keep:
+                self.texts.append(_streamed_text(b"".join(chunks)))
+
+        return StreamingResponse(relay(), status_code=response.status_code,
                                  headers={k: v for k, v in response.headers.items() if k.lower() not in _HOP},
                                  background=BackgroundTask(close))
 
@@ -79,3 +92,22 @@ class BodyProxy:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+def _streamed_text(body: bytes) -> str:
+    """The answer text of an OpenAI chat stream (server-sent events), or of a plain JSON answer."""
+    text = []
+    for line in body.decode(errors="replace").splitlines():
+        if not line.startswith("data:") or line.strip() == "data: [DONE]":
+            continue
+        try:
+            choice = json.loads(line[5:])["choices"][0]
+        except (ValueError, KeyError, IndexError):
+            continue
+        text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+    if not text and body.strip().startswith(b"{"):
+        try:
+            return json.loads(body)["choices"][0]["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError):
+            return ""
+    return "".join(text)
