@@ -41,7 +41,25 @@ sys.path.insert(0, str(REPO))
 from benchmarks.blend_rag import blend_counters  # noqa: E402
 from benchmarks.common import RESULTS, Server, free_port, machine, save  # noqa: E402
 
-CONFIGS = {"prefix": {}, "blend": {"OPTION_LMCACHE_BLEND": "true"}}
+CONFIGS = {
+    "prefix": {},
+    "blend": {"OPTION_LMCACHE_BLEND": "true"},
+    "epic": {"OPTION_LMCACHE_BLEND": "true", "OPTION_LMCACHE_BLEND_MODE": "epic"},
+}
+
+DATASET = REPO / "benchmarks" / "data" / "rag_qa_towns.jsonl"
+ARMS = {
+    # rag-qa-quality arms per server: (cache salt, fields merged into every request body); each arm has
+    # its own salt, so it reuses only the KV its own warm-up stored. "fresh": a new salt per request
+    # (nothing is ever found: a full prefill).
+    "prefix": {"full-prefill": ("fresh", {}), "prefix-only": ("prefix", {})},
+    "blend": {"cacheblend-0.15": ("cb-0.15", {}),
+              "cacheblend-0.05": ("cb-0.05", {"kv_transfer_params": {"lmi_blend_recompute_ratio": 0.05}}),
+              "cacheblend-0": ("cb-0", {"kv_transfer_params": {"lmi_blend_recompute_ratio": 0.0}})},
+    "epic": {"epic-default": ("epic", {}),
+             "epic-8": ("epic-8", {"kv_transfer_params": {"lmi_blend_epic_tokens": 8}}),
+             "epic-0": ("epic-0", {"kv_transfer_params": {"lmi_blend_epic_tokens": 0}})},
+}
 
 
 def lmcache_cli() -> list[str]:
@@ -83,8 +101,64 @@ def run_workload(url: str, model: str, workload: str, extra: list[str], work: Pa
     return summary
 
 
+def run_quality_arms(name: str, url: str, model: str, work: Path, args: argparse.Namespace) -> dict:
+    """`rag-qa-quality` once per arm of this server, through a proxy that adds the arm's cache salt and
+    blend fields (the client has no way to send them)."""
+    from benchmarks.body_proxy import BodyProxy
+
+    arms: dict = {}
+    for arm, (salt, fields) in ARMS[name].items():
+        if args.arms and arm not in args.arms:
+            continue
+        counter = iter(range(10**9))
+
+        def body(salt: str = salt, fields: dict = fields) -> dict:
+            return {**fields, "cache_salt": f"{salt}-{next(counter)}" if salt == "fresh" else salt}
+
+        extra = ["--rag-dataset", str(args.rag_dataset), "--rag-num-samples", str(args.rag_samples),
+                 "--rag-max-output-length", str(args.rag_max_output), "--rag-output", str(work / f"rag-{arm}.json")]
+        if salt == "fresh":
+            extra.append("--no-warmup")  # nothing it stored could be found again
+        with BodyProxy(url, free_port(), body) as proxy:
+            before = blend_counters(url)
+            summary = run_workload(proxy.url, model, "rag-qa-quality", extra, work, args.seed)
+            after = blend_counters(url)
+        summary["blend_metrics"] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        summary["arm_fields"] = {"cache_salt": salt, **fields}
+        summary["per_sample"] = json.loads((work / f"rag-{arm}.json").read_text())
+        summary["own_scoring"] = score_texts(proxy.texts, args.rag_dataset, args.rag_samples)
+        q = summary["per_sample"]["summary"]
+        own = summary["own_scoring"]
+        print(f"   rag-qa-quality {arm}: F1 {q['f1_mean']:.3f}, parsed {q['num_parsed']}/{q['num_samples']}; "
+              f"whole-answer F1 {own['f1_mean']:.3f}, gold answer contained {own['contains_rate']:.3f}", flush=True)
+        arms[arm] = summary
+    return arms
+
+
+def score_texts(texts: list[str], dataset: Path, n: int) -> dict:
+    """LMCache's own scoring functions over the whole answer where it has no `<final_answer>` tags
+    (the embedded 135M assistant never writes them, so LMCache's summary parses nothing): its token F1
+    (`best_f1`) of the answer's first line against the gold answers, and whether the normalized gold
+    answer is contained in it."""
+    from lmcache.cli.commands.bench.engine_bench.quality.dataset import load_samples
+    from lmcache.cli.commands.bench.engine_bench.quality.scoring import best_f1, extract_final_answer, normalize_answer
+
+    samples = load_samples(str(dataset))[:n]
+    rows = []
+    for sample, text in zip(samples, texts):
+        answer = extract_final_answer(text) or (text.strip().splitlines() or [""])[0]
+        contained = any(normalize_answer(gold) in normalize_answer(answer) for gold in sample.answers)
+        rows.append({"sample_id": sample.sample_id, "text": text, "f1": best_f1(answer, sample.answers),
+                     "contains": contained})
+    count = max(1, len(rows))
+    return {"answers": len(rows), "f1_mean": sum(r["f1"] for r in rows) / count,
+            "contains_rate": sum(r["contains"] for r in rows) / count, "per_sample": rows}
+
+
 def run_server(name: str, options: dict[str, str], work: Path, args: argparse.Namespace) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
+    if name == "epic" and args.epic_tokens is not None:
+        options = {**options, "OPTION_LMCACHE_BLEND_EPIC_TOKENS": str(args.epic_tokens)}
     env.update({"OPTION_LMCACHE_AUTO_CONFIG": "true", "OPTION_MAX_MODEL_LEN": str(args.max_model_len), **options})
     port = free_port()
     argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
@@ -108,7 +182,12 @@ def run_server(name: str, options: dict[str, str], work: Path, args: argparse.Na
             r = summary["results"]
             print(f"   {workload}: TTFT mean {r['mean_ttft_ms'] / 1000:.2f} s, p50 {r['p50_ttft_ms'] / 1000:.2f} s "
                   f"({r['successful_requests']}/{r['total_requests']} ok)", flush=True)
+            summary["load_average_after"] = os.getloadavg()
             result["workloads"][workload] = summary
+        if "rag-qa-quality" in args.workloads:
+            result["quality_arms"] = run_quality_arms(name, server.url, served["id"], work, args)
+    result["server_log_blend_lines"] = [line for line in (work / f"{name}.log").read_text(errors="replace").splitlines()
+                                        if "blended request" in line][-40:]
     return result
 
 
@@ -149,9 +228,76 @@ def plot(doc: dict) -> Path:
     return out
 
 
+def host() -> dict:
+    """CPU model and the flags that decide the kernels, and the versions that decide the numbers."""
+    from importlib.metadata import version
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    wanted = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))]
+    versions = {}
+    for package in ("vllm", "lmcache", "torch", "transformers"):
+        try:
+            versions[package] = version(package)
+        except Exception:  # noqa: BLE001 - a missing package is reported as such
+            versions[package] = None
+    return {"cpu_model": model, "cpu_flags": wanted, "versions": versions}
+
+
+def quality_table(doc: dict) -> dict:
+    """One row per rag-qa-quality arm: LMCache's score (mean token F1 of the parsed answers) and TTFT."""
+    rows = {}
+    for name, run in doc["configs"].items():
+        for arm, summary in run.get("quality_arms", {}).items():
+            q = summary["per_sample"]["summary"]
+            own = summary["own_scoring"]
+            rows[arm] = {"server": name, "lmcache_f1_mean": q["f1_mean"], "parsed": q["num_parsed"], "samples": q["num_samples"],
+                         "f1_mean": own["f1_mean"], "contains_rate": own["contains_rate"],
+                         "texts": {r["sample_id"]: r["text"] for r in own["per_sample"]},
+                         "ttft_mean_s": summary["results"]["mean_ttft_ms"] / 1000,
+                         "ttft_p50_s": summary["results"]["p50_ttft_ms"] / 1000,
+                         "fields": summary["arm_fields"], "blend_metrics": summary["blend_metrics"],
+                         }
+    reference = rows.get("full-prefill", {}).get("texts")
+    for row in rows.values():
+        if reference:
+            row["identical_to_full_prefill"] = sum(row["texts"].get(k) == v for k, v in reference.items()) / max(1, len(reference))
+    return rows
+
+
+def plot_quality(rows: dict, name: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
+    arms = list(rows)
+    bars = ax.bar(range(len(arms)), [100 * rows[a]["f1_mean"] for a in arms], color="tab:blue")
+    for bar, arm in zip(bars, arms):
+        ax.annotate(f"{100 * rows[arm]['f1_mean']:.1f}\n{rows[arm]['ttft_mean_s']:.2f} s", (bar.get_x() + bar.get_width() / 2,
+                    bar.get_height()), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("mean token F1 x 100 (LMCache's best_f1, whole answer)")
+    ax.set_ylim(0, 115)
+    ax.set_title("lmcache bench engine --workload rag-qa-quality (benchmarks/data/rag_qa_towns.jsonl); "
+                 "label: F1, TTFT mean", fontsize=8)
+    fig.tight_layout()
+    out = RESULTS / f"{name}.png"
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", nargs="+", default=["long-doc-permutator", "long-doc-qa"])
+    ap.add_argument("--workloads", nargs="+", default=["long-doc-permutator", "long-doc-qa"],
+                    choices=["long-doc-permutator", "long-doc-qa", "rag-qa-quality"])
+    ap.add_argument("--arms", nargs="*", default=None, help="rag-qa-quality arms to run (default: every arm of ARMS)")
+    ap.add_argument("--rag-dataset", type=Path, default=DATASET)
+    ap.add_argument("--rag-samples", type=int, default=16)
+    ap.add_argument("--rag-max-output", type=int, default=24)
+    ap.add_argument("--epic-tokens", type=int, default=None, help="option.lmcache_blend_epic_tokens of the epic server")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--ldp-contexts", type=int, default=6)
     ap.add_argument("--ldp-context-length", type=int, default=1000)
@@ -170,11 +316,13 @@ def main() -> int:
         print(plot(json.loads((RESULTS / f"{args.name}.json").read_text())))
         return 0
     work = Path(tempfile.mkdtemp(prefix="lmi-lmcache-bench-"))
-    doc = {"benchmark": "lmcache_bench", "machine": machine(), "load_average_at_start": os.getloadavg(),
+    doc = {"benchmark": "lmcache_bench", "machine": {**machine(), **host()}, "load_average_at_start": os.getloadavg(),
            "args": vars(args), "configs": {}}
     started = time.monotonic()
     for name in args.configs:
         doc["configs"][name] = run_server(name, CONFIGS[name], work, args)
+        if not args.no_save:
+            save(f"{args.name}_partial", doc)  # a later server's failure keeps this one's figures
     doc["wall_s"] = time.monotonic() - started
     doc["load_average_at_end"] = os.getloadavg()
     if "prefix" in doc["configs"]:
@@ -185,10 +333,20 @@ def main() -> int:
             print(f"{name:7s} {workload:20s} TTFT mean {r['mean_ttft_ms'] / 1000:7.2f} s "
                   f"({summary.get('ttft_mean_speedup_vs_prefix', 1):.2f}x)  p50 {r['p50_ttft_ms'] / 1000:7.2f} s "
                   f"({summary.get('ttft_p50_speedup_vs_prefix', 1):.2f}x)")
+    quality = quality_table(doc)
+    for arm, row in quality.items():
+        print(f"{arm:16s} F1 {row['f1_mean']:.3f}  contains {row['contains_rate']:.3f}  identical "
+              f"{row.get('identical_to_full_prefill', float('nan')):.3f}  LMCache-parsed {row['parsed']}/{row['samples']}  "
+              f"TTFT mean {row['ttft_mean_s']:.2f} s")
     if not args.no_save:
         print(save(args.name, doc))
-        if "prefix" in doc["configs"]:
+        if "prefix" in doc["configs"] and any(run["workloads"] for run in doc["configs"].values()):
             print(plot(doc))
+        if quality:
+            print(save(f"{args.name}_quality", {"machine": doc["machine"], "load_average_at_start": doc["load_average_at_start"],
+                                                 "load_average_at_end": doc["load_average_at_end"], "args": doc["args"],
+                                                 "arms": quality}))
+            print(plot_quality(quality, f"{args.name}_quality"))
     return 0
 
 

@@ -185,6 +185,19 @@ class LMCacheOptions(BaseModel):
         description="Share of the reused tokens whose KV deviates most at the check layer that option.lmcache_blend "
         "recomputes, besides every token of segments that missed and of the query (LMCache's `blend_recompute_ratios`).",
     )
+    lmcache_blend_mode: Literal["cacheblend", "epic"] = Field(
+        "cacheblend",
+        description="How option.lmcache_blend picks the reused tokens to recompute: `cacheblend` (the share "
+        "option.lmcache_blend_recompute_ratio of those whose KV deviates most at a check layer, which every token "
+        "not held exactly goes through first) or `epic` (the first option.lmcache_blend_epic_tokens tokens of each "
+        "run of reused tokens, no check layer: cheaper; see the README's CacheBlend section for speed and quality). "
+        "A request may name its own: `kv_transfer_params.lmi_blend_mode`.",
+    )
+    lmcache_blend_epic_tokens: int = Field(
+        32, ge=0, le=4096,
+        description="For option.lmcache_blend_mode=epic: how many first tokens of each run of reused tokens are "
+        "recomputed (0: none). A request may name its own: `kv_transfer_params.lmi_blend_epic_tokens`.",
+    )
 
     lmcache_blend_store_gb: float = Field(
         2.0, gt=0,

@@ -72,6 +72,7 @@ def plan_blend(
         chunk_size=chunk, min_reused_tokens=opts.lmcache_blend_min_reused_tokens,
         store_dir=blend_store_dir(), store_max_bytes=int(opts.lmcache_blend_store_gb * 2**30),
         model_identity=f"{engine_args['model']}|{engine_args.get('dtype', 'auto')}|{engine_args.get('kv_cache_dtype', 'auto')}",
+        mode=settings.mode, epic_tokens=settings.epic_tokens,
     )
     extra = kv_plan.kv_transfer_config.setdefault("kv_connector_extra_config", {})
     extra[EXTRA_CONFIG_KEY] = blend_config.to_dict()
@@ -86,8 +87,11 @@ def plan_blend(
         "reasons": [
             f"segments cut at {settings.separator!r} ({where['separator']}); each segment keyed by its own tokens, "
             f"per {chunk}-token chunk, whatever stands before it",
-            f"recompute {settings.recompute_ratio:g} of the reused tokens with the most deviating KV at layer "
-            f"{support.check_layer} ({where['recompute_ratio']}), plus every token of missed segments and the query",
+            (f"recompute {settings.recompute_ratio:g} of the reused tokens with the most deviating KV at layer "
+             f"{support.check_layer} ({where['recompute_ratio']}), plus every token of missed segments and the query"
+             if settings.mode == "cacheblend" else
+             f"EPIC mode ({where['mode']}): recompute the first {settings.epic_tokens} tokens of each run of reused "
+             f"tokens ({where['epic_tokens']}), no check layer, plus every token of missed segments and the query"),
             support.describe(),
             f"a prompt is blended when its cached segments cover >= {blend_config.min_reused_tokens} tokens; "
             f"segment KV kept in {blend_config.store_dir} (at most {opts.lmcache_blend_store_gb:g} GiB); "

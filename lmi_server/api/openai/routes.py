@@ -16,7 +16,7 @@ from lmi_server.api.adapters.routing import adapters_field
 from lmi_server.api.context import Shape, begin
 from lmi_server.api.errors import APIError, validated
 from lmi_server.api.pipeline import Generation, engine_state, serve
-from lmi_server.kvcache.blend.settings import prompt_boundaries, request_boundaries, request_ratio
+from lmi_server.kvcache.blend.settings import prompt_boundaries, request_boundaries, request_mode, request_ratio
 
 router = APIRouter()
 
@@ -32,6 +32,7 @@ def parse_request(model_cls, body):
     try:
         params = body.get("kv_transfer_params")
         request_ratio(params, 0.0)
+        request_mode(params, "cacheblend", 0)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             prompt_boundaries(params, len(prompt))  # token ids: the offsets are checked here

@@ -153,17 +153,7 @@ def blend_prefill(
     n = ids.numel()
     if not 0 < check_layer < adapter.num_layers:
         raise ValueError(f"check_layer {check_layer} must lie in [1, {adapter.num_layers})")
-    if len(reused_kv) != adapter.num_layers:
-        raise ValueError(f"reused KV for {adapter.num_layers} layers expected, got {len(reused_kv)}")
-    expected = (n, adapter.num_kv_heads, adapter.head_dim)
-    for k, v in reused_kv:
-        if tuple(k.shape) != expected or tuple(v.shape) != expected:
-            raise ValueError(f"reused K and V must be {expected} per layer, got {tuple(k.shape)} and {tuple(v.shape)}")
-    reused = reused.to(device=ids.device, dtype=torch.bool)
-    if reused.shape != (n,):
-        raise ValueError(f"the reuse mask must be [{n}], got {tuple(reused.shape)}")
-    if n and bool(reused[-1]):
-        raise ValueError("the prompt's last token must be computed (it belongs to the query segment)")
+    reused = check_reused(adapter, ids, reused_kv, reused)
 
     # Below the check layer every token is computed, except those whose reused KV is exact (vLLM's
     # prefix hit, segments at their own place after their own context): their KV is already what
@@ -208,6 +198,24 @@ def blend_prefill(
         kv.append(layer_kv)
     logits = adapter.lm_head(adapter.final_norm(hidden[-1:]))[0]
     return BlendResult(logits=logits, kv=kv, selected=selected, deviation=deviation)
+
+
+def check_reused(adapter: ModelAdapter, ids: torch.Tensor, reused_kv: Sequence[LayerKV], reused: torch.Tensor) -> torch.Tensor:
+    """The reuse mask as bool on the prompt's device, after checking the reused KV's shapes against
+    the model and that the prompt's last token is computed; ValueError saying what does not fit."""
+    n = ids.numel()
+    if len(reused_kv) != adapter.num_layers:
+        raise ValueError(f"reused KV for {adapter.num_layers} layers expected, got {len(reused_kv)}")
+    expected = (n, adapter.num_kv_heads, adapter.head_dim)
+    for k, v in reused_kv:
+        if tuple(k.shape) != expected or tuple(v.shape) != expected:
+            raise ValueError(f"reused K and V must be {expected} per layer, got {tuple(k.shape)} and {tuple(v.shape)}")
+    reused = reused.to(device=ids.device, dtype=torch.bool)
+    if reused.shape != (n,):
+        raise ValueError(f"the reuse mask must be [{n}], got {tuple(reused.shape)}")
+    if n and bool(reused[-1]):
+        raise ValueError("the prompt's last token must be computed (it belongs to the query segment)")
+    return reused
 
 
 def place_segments(

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from lmi_server.kvcache.blend.modes import recomputed_count
 from lmi_server.kvcache.blend.recompute import validate_ratio
 from lmi_server.kvcache.blend.segments import (
     DEFAULT_CHUNK_SIZE,
@@ -77,6 +78,9 @@ class BlendPlan:
     prefix: int = 0
     """Tokens `[0, prefix)` whose KV vLLM's prefix cache already holds in the request's blocks: kept
     as they are (exact here), neither loaded nor written; segments start at or after it."""
+    mode: str = "cacheblend"
+    """`cacheblend` (the ratio's share, picked at the check layer) or `epic` (`epic_tokens` per span)."""
+    epic_tokens: int = 0
 
     @property
     def external_tokens(self) -> int:
@@ -113,9 +117,21 @@ class BlendPlan:
 
     @property
     def recomputed_tokens(self) -> int:
-        """Reused tokens whose KV the check layer recomputes as well (the ratio's share of those not
-        exact, at most)."""
+        """Reused tokens whose KV is recomputed as well: the ratio's share of those not exact (at most;
+        `cacheblend`), or the first `epic_tokens` of each span of them (`epic`)."""
+        if self.mode == "epic":
+            return recomputed_count(self._candidates(), self.epic_tokens)
         return math.ceil(self.recompute_ratio * (self.reused_tokens - self.exact_tokens) - 1e-9)
+
+    def _candidates(self) -> list[bool]:
+        """Per prompt token: reused and not exact (what EPIC's spans are made of)."""
+        last = self.prompt_len - 1
+        mask = [False] * self.prompt_len
+        for seg in self.segments:
+            if not seg.exact:
+                for i in range(seg.start, min(seg.start + seg.cached, last)):
+                    mask[i] = True
+        return mask
 
     def to_store(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[SegmentReuse]:
         """Segments to store after the forward: pieces not cached; documents with a whole chunk not
@@ -132,6 +148,7 @@ class BlendPlan:
             "computed_tokens": self.computed_tokens,
             "recomputed_tokens": self.recomputed_tokens,
             "cut": "content" if self.pieces else "documents",
+            "mode": self.mode,
             "prefix_cached": self.prefix,
         }
 
@@ -148,6 +165,8 @@ def plan_prompt(
     content: ContentCuts | None = None,
     exact: Callable[[Segment], bool] | None = None,
     prefix: int = 0,
+    mode: str = "cacheblend",
+    epic_tokens: int = 0,
 ) -> BlendPlan | None | _Pending:
     """The plan for `token_ids`, cut at the document `boundaries` the request gave, else at the
     separator, else (where the prompt holds no separator and `content` is given) where its content
@@ -181,7 +200,7 @@ def plan_prompt(
             SegmentReuse(r.start, r.length, r.cached, True) if r.cached == r.length and exact(seg) else r
             for r, seg in zip(reuse, segments)
         )
-    plan = BlendPlan(len(token_ids), reuse, recompute_ratio, pieces, prefix)
+    plan = BlendPlan(len(token_ids), reuse, recompute_ratio, pieces, prefix, mode, epic_tokens)
     if plan.segment_reused_tokens < min_reused_tokens:
         return None
     return plan

@@ -25,7 +25,13 @@ from typing import Any
 
 from lmi_server.kvcache.blend.plan import BlendPlan, SegmentReuse, plan_prompt
 from lmi_server.kvcache.blend.segments import ContentCuts, ContextKeys, Separator, key_salt
-from lmi_server.kvcache.blend.settings import RATIO_PARAM, BlendConfig, prompt_boundaries, request_ratio
+from lmi_server.kvcache.blend.settings import (
+    BlendConfig,
+    names_own_blend,
+    prompt_boundaries,
+    request_mode,
+    request_ratio,
+)
 from lmi_server.kvcache.blend.store import SegmentStore
 
 logger = logging.getLogger("lmi_server.kvcache.blend")
@@ -48,6 +54,9 @@ class BlendJob:
     """(start, length) of segments whose cached KV is exact here: kept, not recomputation candidates."""
     prefix: int = 0
     """Tokens at the prompt's head whose KV vLLM's prefix cache put in the blocks: read, kept, not written."""
+    mode: str = "cacheblend"
+    """`cacheblend` (the ratio's share by deviation at the check layer) or `epic` (`epic_tokens` per span)."""
+    epic_tokens: int = 0
 
 
 @dataclass
@@ -125,9 +134,10 @@ class BlendScheduler:
             return None  # resumed with output tokens: the plain path
         salt = self.salt(request)
         params = getattr(request, "kv_transfer_params", None)
-        own_ratio = isinstance(params, dict) and params.get(RATIO_PARAM) is not None
+        own_ratio = names_own_blend(params)
         try:
             ratio = request_ratio(params, self.config.recompute_ratio)
+            mode, epic_tokens = request_mode(params, self.config.mode, self.config.epic_tokens)
             boundaries = prompt_boundaries(params, len(prompt))
         except ValueError as exc:
             # The API refuses these with a 400 where it can (offsets past a text prompt's end are
@@ -139,7 +149,7 @@ class BlendScheduler:
             prompt, self.separator, lambda ids: self.store.cached_tokens(ids, salt),
             recompute_ratio=ratio, chunk_size=self.config.chunk_size, min_reused_tokens=0, boundaries=boundaries,
             content=self.content, exact=lambda seg: self.store.is_exact(seg.token_ids, salt, contexts.at(seg.end)),
-            prefix=local_hit_tokens,
+            prefix=local_hit_tokens, mode=mode, epic_tokens=epic_tokens,
         )
         if not isinstance(plan, BlendPlan):
             return None
@@ -159,7 +169,8 @@ class BlendScheduler:
         what it computes and recomputes), to weigh against what LMCache's prefix leaves to compute:
         a prompt whose prefix hit covers nearly everything is cheaper served as a prefix, whatever
         its segments."""
-        return plan.prompt_len * self.check_cost + plan.computed_tokens + plan.recomputed_tokens
+        check = 0.0 if plan.mode == "epic" else plan.prompt_len * self.check_cost  # EPIC has no check layer
+        return check + plan.computed_tokens + plan.recomputed_tokens
 
     def stores_as_prefix(self, request_id: str) -> bool:
         """Whether a blended request's KV is stored in LMCache as its prompt's prefix: yes at the
@@ -210,7 +221,8 @@ class BlendScheduler:
             return [BlendJob(request_id, list(request.prompt_token_ids), list(tracked.block_ids),
                              [_triple(s) for s in plan.segments], self.salt(request), plan.recompute_ratio,
                              [_triple(s) for s in plan.to_store(self.config.chunk_size)],
-                             [(s.start, s.length) for s in plan.segments if s.exact], plan.prefix)]
+                             [(s.start, s.length) for s in plan.segments if s.exact], plan.prefix,
+                             plan.mode, plan.epic_tokens)]
         if computed_after_step < plan.prompt_len:
             return []
         tracked.done = True

@@ -32,6 +32,11 @@ BOUNDARIES_PARAM = "lmi_blend_boundaries"
 its documents start (then used instead of the separator)."""
 MAX_BOUNDARIES = 1024
 
+MODE_PARAM = "lmi_blend_mode"
+"""A request's own blend mode (`cacheblend` or `epic`), in its `kv_transfer_params`."""
+EPIC_TOKENS_PARAM = "lmi_blend_epic_tokens"
+"""A request's own EPIC token count (first tokens recomputed per reused span), in its `kv_transfer_params`."""
+
 
 def request_boundaries(kv_transfer_params: Any) -> tuple[int, ...] | None:
     """The document boundaries one request gives (`kv_transfer_params.lmi_blend_boundaries`), None
@@ -72,6 +77,31 @@ def request_ratio(kv_transfer_params: Any, default: float) -> float:
     return float(value)
 
 
+def request_mode(kv_transfer_params: Any, mode: str, epic_tokens: int) -> tuple[str, int]:
+    """The blend mode and EPIC token count one request asks for (`kv_transfer_params.lmi_blend_mode`,
+    `.lmi_blend_epic_tokens`), else the server's; ValueError naming the field where either is bad."""
+    from lmi_server.kvcache.blend.modes import validate_epic_tokens, validate_mode
+
+    if not isinstance(kv_transfer_params, dict):
+        return mode, epic_tokens
+    for name, value, check in ((MODE_PARAM, mode, validate_mode), (EPIC_TOKENS_PARAM, epic_tokens, validate_epic_tokens)):
+        if kv_transfer_params.get(name) is None:
+            continue
+        try:
+            value = check(kv_transfer_params[name])
+        except ValueError as exc:
+            raise ValueError(f"kv_transfer_params.{name}: {exc}") from None
+        mode, epic_tokens = (value, epic_tokens) if name == MODE_PARAM else (mode, value)
+    return mode, epic_tokens
+
+
+def names_own_blend(kv_transfer_params: Any) -> bool:
+    """Whether a request names its own ratio, mode or EPIC token count (then it is blended whenever
+    its segments are found, and its KV is not stored as an LMCache prefix)."""
+    return isinstance(kv_transfer_params, dict) and any(
+        kv_transfer_params.get(name) is not None for name in (RATIO_PARAM, MODE_PARAM, EPIC_TOKENS_PARAM))
+
+
 @dataclass(frozen=True)
 class BlendConfig:
     """What the engine's processes need to blend (resolved once by the server, passed in the
@@ -85,6 +115,10 @@ class BlendConfig:
     store_dir: str
     store_max_bytes: int
     model_identity: str
+    mode: str = "cacheblend"
+    """`cacheblend` (the check layer's deviation picks `recompute_ratio` of the reused tokens) or `epic`
+    (the first `epic_tokens` of each reused span, no check layer)."""
+    epic_tokens: int = 32
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -100,6 +134,8 @@ class BlendSettings:
     enabled: bool
     separator: str
     recompute_ratio: float
+    mode: str = "cacheblend"
+    epic_tokens: int = 32
     sources: dict[str, str] = field(default_factory=dict)
     """setting -> where it came from (`option.lmcache_blend_separator`, the file's key, or `default`)."""
 
@@ -139,4 +175,8 @@ def resolve_blend_settings(options: LMCacheOptions, file_config: LMCacheFileConf
             values[setting], sources[setting] = file_value, f"LMCache file `{file_key}`"
         else:
             values[setting], sources[setting] = option_value, "default"
+    for setting in ("mode", "epic_tokens"):  # option keys only: the LMCache file has no such keys
+        option_key = f"lmcache_blend_{setting}"
+        values[setting] = getattr(options, option_key)
+        sources[setting] = f"option.{option_key}" if option_key in options.model_fields_set else "default"
     return BlendSettings(**values, sources=sources)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from lmi_server.kvcache.blend import forward, paged
+from lmi_server.kvcache.blend.epic import epic_prefill
 from lmi_server.kvcache.blend.rope import RopeSpec, rerotate
 from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob, open_store
 from lmi_server.kvcache.blend.settings import BlendConfig
@@ -152,9 +153,13 @@ class BlendWorker:
         clock.lap("place")
         for start, length in job.exact:
             exact[start : start + length] = True
-        result = forward.blend_prefill(adapter, job.token_ids, reused_kv, reused, ratio=job.recompute_ratio,
-                                       check_layer=self.config.check_layer, exact=exact & reused,
-                                       overwrite_reused=True)  # placed for this job only
+        if job.mode == "epic":
+            result = epic_prefill(adapter, job.token_ids, reused_kv, reused, tokens=job.epic_tokens,
+                                  exact=exact & reused, overwrite_reused=True)
+        else:
+            result = forward.blend_prefill(adapter, job.token_ids, reused_kv, reused, ratio=job.recompute_ratio,
+                                           check_layer=self.config.check_layer, exact=exact & reused,
+                                           overwrite_reused=True)  # placed for this job only
         clock.lap("forward")
         slots = paged.slot_mapping(job.block_ids, job.prefix, n - 1 - job.prefix, self.block_size)
         for layer, (k, v) in zip(self.layers, result.kv):
@@ -167,8 +172,8 @@ class BlendWorker:
         self.counters.add(blended_requests=1, reused_tokens=n_reused - recomputed, recomputed_tokens=recomputed,
                           computed_tokens=n - n_reused - job.prefix, stored_segments=stored, stored_bytes=written,
                           missed_loads=missed, blend_seconds=clock.total)
-        logger.info("blended request %s: %d tokens, %d held by vLLM's prefix cache, %d reused, %d of them recomputed, "
-                    "%d computed; %s", job.request_id, n, job.prefix, n_reused - recomputed, recomputed,
+        logger.info("blended request %s (%s): %d tokens, %d held by vLLM's prefix cache, %d reused, %d of them "
+                    "recomputed, %d computed; %s", job.request_id, job.mode, n, job.prefix, n_reused - recomputed, recomputed,
                     n - n_reused - job.prefix, clock)
 
     def _store_missed(self, job: BlendJob, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int]:

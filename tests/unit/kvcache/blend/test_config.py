@@ -160,3 +160,50 @@ def test_request_boundaries_are_checked_against_the_prompt():
     assert prompt_boundaries({"lmi_blend_boundaries": [0, 3, 9]}, 9) == (0, 3, 9)
     with pytest.raises(ValueError, match="past the prompt's 9 tokens"):
         prompt_boundaries({"lmi_blend_boundaries": [3, 10]}, 9)
+
+
+@pytest.mark.parametrize(
+    "props,words",
+    [({"option.lmcache_blend_mode": "lego"}, "lmcache_blend_mode"),
+     ({"option.lmcache_blend_epic_tokens": "-1"}, "lmcache_blend_epic_tokens"),
+     ({"option.lmcache_blend_epic_tokens": "many"}, "lmcache_blend_epic_tokens")],
+)
+def test_bad_blend_modes_are_start_up_errors_naming_the_key(tmp_path, props, words):
+    with pytest.raises(ConfigError, match=words):
+        build_serving_config({"option.lmcache_blend": "true", **props}, model_dir(tmp_path))
+
+
+def test_the_epic_mode_reaches_the_connector_and_the_plan(tmp_path):
+    props = {"option.lmcache_config_file": "lmcache.yaml", "option.lmcache_blend": "true", "option.max_model_len": "1024",
+             "option.lmcache_blend_mode": "epic", "option.lmcache_blend_epic_tokens": "16"}
+    runtime = resolve_runtime(build_serving_config(props, model_dir(tmp_path)), build_demo=False)
+    blend = runtime.describe()["lmcache_blend"]
+    assert (blend["mode"], blend["epic_tokens"]) == ("epic", 16)
+    assert blend["sources"]["mode"] == "option.lmcache_blend_mode"
+    assert any("first 16 tokens of each run" in r for r in blend["reasons"])
+    config = BlendConfig.from_extra_config(runtime.engine_args["kv_transfer_config"]["kv_connector_extra_config"])
+    assert (config.mode, config.epic_tokens) == ("epic", 16)
+    default = resolve_blend_settings(LMCacheOptions())
+    assert (default.mode, default.epic_tokens, default.sources["mode"]) == ("cacheblend", 32, "default")
+
+
+@pytest.mark.parametrize(
+    "params,words",
+    [({"lmi_blend_mode": "fast"}, "kv_transfer_params.lmi_blend_mode"),
+     ({"lmi_blend_epic_tokens": -3}, "kv_transfer_params.lmi_blend_epic_tokens"),
+     ({"lmi_blend_epic_tokens": 2.5}, "kv_transfer_params.lmi_blend_epic_tokens")],
+)
+def test_bad_request_modes_name_the_field(params, words):
+    from lmi_server.kvcache.blend.settings import request_mode
+
+    with pytest.raises(ValueError, match=words):
+        request_mode(params, "cacheblend", 32)
+
+
+def test_a_request_may_name_its_own_mode():
+    from lmi_server.kvcache.blend.settings import names_own_blend, request_mode
+
+    assert request_mode(None, "cacheblend", 32) == ("cacheblend", 32)
+    assert request_mode({"lmi_blend_mode": "epic"}, "cacheblend", 32) == ("epic", 32)
+    assert request_mode({"lmi_blend_epic_tokens": 0}, "epic", 32) == ("epic", 0)
+    assert names_own_blend({"lmi_blend_epic_tokens": 0}) and not names_own_blend({"other": 1})

@@ -64,12 +64,14 @@ def test_ratio_one_through_vllms_modules_is_a_full_prefill(models):
     assert r0.selected.tolist() == (~mask).nonzero().flatten().tolist()
 
 
-@pytest.mark.parametrize("ratio", [1.0, 0.0])
-def test_the_worker_blends_into_a_paged_cache_what_it_stored_from_one(models, tmp_path, ratio):
+@pytest.mark.parametrize("ratio,mode,epic_tokens", [(1.0, "cacheblend", 0), (0.0, "cacheblend", 0), (1.0, "epic", 1000),
+                                                     (0.0, "epic", 0)])
+def test_the_worker_blends_into_a_paged_cache_what_it_stored_from_one(models, tmp_path, ratio, mode, epic_tokens):
     """The engine path minus the engine: a prefill's KV in vLLM's CPU paged layout is stored per
     segment (`store_from_blocks`), then the same documents in another order are blended into other
     blocks (`blend`). Ratio 1 writes a full prefill's KV; ratio 0 keeps the cached rows (layer 0
-    exact, as its KV depends on token and position alone) and recomputes the rest."""
+    exact, as its KV depends on token and position alone) and recomputes the rest. The EPIC mode
+    does the same with every token of each span recomputed (1,000 per span) or none (0)."""
     from lmi_server.kvcache.blend import paged
     from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob
     from lmi_server.kvcache.blend.segments import key_salt, split_at_separator
@@ -102,7 +104,7 @@ def test_the_worker_blends_into_a_paged_cache_what_it_stored_from_one(models, tm
     second = prompt_of([documents[i] for i in (2, 0, 1)], [6, 5, 4])
     cached = [(s.start, len(s), len(s)) for s in split_at_separator(second, SEP)[:-1]] + [(len(second) - 3, 3, 0)]
     table2 = [10, 14, 11, 20, 12, 13, 8, 6]
-    worker.run([BlendJob("r2", second, table2, cached, salt, ratio)])
+    worker.run([BlendJob("r2", second, table2, cached, salt, ratio, mode=mode, epic_tokens=epic_tokens)])
     n = len(second)
     written = [paged.gather(layer, paged.slot_mapping(table2, 0, n - 1, block)) for layer in worker.layers]
     with torch.no_grad():

@@ -249,3 +249,26 @@ def test_a_blend_keeps_what_vllms_prefix_cache_holds(tmp_path):
     assert isinstance(job, BlendJob) and job.prefix == held
     assert all(start >= held for start, _, _ in job.segments)
     assert sched.decide(request("all-held", ids), prefix_hit_tokens=n - 3, local_hit_tokens=n - 3) is None
+
+
+def test_the_epic_mode_recomputes_the_head_of_each_span_and_skips_the_check_layer(tmp_path):
+    """In EPIC mode the job carries the mode and its token count, the usage counts k tokens per span
+    of reused tokens as recomputed, and the cost rule has no check-layer term (it blends where
+    CacheBlend's cost would not pay)."""
+    sched = scheduler(tmp_path)
+    warm = request("w", prompt([0, 1, 2]))
+    sched.decide(warm, 0)
+    (job,) = sched.jobs(new_step("w", [1, 2, 3], 0, len(warm.prompt_token_ids)))
+    store_job_kv(sched, job)
+    ids = prompt([2, 0, 1])
+    epic = request("e", ids)
+    epic.kv_transfer_params = {"lmi_blend_mode": "epic", "lmi_blend_epic_tokens": 2}
+    assert sched.decide(epic, prefix_hit_tokens=0) == len(ids) - 1
+    assert not sched.stores_as_prefix("e")  # a request's own mode, like its own ratio
+    (job,) = sched.jobs(new_step("e", [5, 6, 7, 1], len(ids) - 1, 1))
+    assert (job.mode, job.epic_tokens) == ("epic", 2)
+    # three documents reused (10 + 9 + 8 tokens), each its own span behind a separator: 2 recomputed each
+    assert epic.prefill_stats.num_cached_tokens == 27 - 6
+    plan = _plan_of(sched, request("x", ids))
+    epic_plan = type(plan)(plan.prompt_len, plan.segments, plan.recompute_ratio, plan.pieces, plan.prefix, "epic", 2)
+    assert epic_plan.recomputed_tokens == 6 and sched.blend_cost(epic_plan) < sched.blend_cost(plan)
