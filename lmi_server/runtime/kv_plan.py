@@ -42,9 +42,37 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
             )
         # the auto plan sizes the connector's timing from its own footprint
         max_transfer = longest_sequence_kv_bytes(model_config, engine_args) if engine is None else None
-        return build_kvcache_plan(
+        plan = build_kvcache_plan(
             opts, host=host, engine=engine, model_config=model_config, model_dir=cfg.model_dir,
             max_transfer_bytes=max_transfer,
         )
     except (KVCacheConfigError, CacheDirError) as exc:
         raise ConfigError([str(exc)]) from exc
+    name_keys(plan, engine_args)
+    return plan
+
+
+def name_keys(plan: KVCachePlan, engine_args: dict[str, Any]) -> None:
+    """Give the MP connector this server's KV namespace (`kvcache/namespace.py`): stored chunks
+    are found again only by a server whose model files, dtypes, chunk size and versions match."""
+    from lmi_server.kvcache.namespace import EXTRA_CONFIG_KEY, kv_identity
+
+    if plan.mode != "mp" or plan.kv_transfer_config is None or plan.tiers is None:
+        return
+    identity = kv_identity(
+        str(engine_args["model"]),
+        revision=engine_args.get("revision"),
+        dtype=engine_args.get("dtype"),
+        kv_cache_dtype=engine_args.get("kv_cache_dtype"),
+        chunk_size=plan.tiers.chunk_size,
+        tensor_parallel=int(engine_args.get("tensor_parallel_size") or 1),
+        pipeline_parallel=int(engine_args.get("pipeline_parallel_size") or 1),
+        platform="cuda" if plan.tiers.transfer_mode == "lmcache_driven" else "cpu",
+    )
+    namespace = identity.namespace()
+    plan.kv_transfer_config["kv_connector_extra_config"][EXTRA_CONFIG_KEY] = namespace
+    plan.reasons.append(
+        f"KV keys in namespace {namespace} ({identity.describe()}): a cache directory or Redis shared with "
+        "another model, dtype, chunk size or LMCache/vLLM version never serves its chunks here; adapters are "
+        "kept apart by their cache salt"
+    )
