@@ -17,7 +17,7 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
     from lmi_server.kvcache.planner import EngineFacts
     from lmi_server.kvcache.resolve import build_kvcache_plan
 
-    opts = cfg.lmcache
+    opts, found = _with_mounted_cache_dir(cfg)
     model_path, model_config = read_model_config(str(engine_args["model"]))
     try:
         host = probe_host(
@@ -48,8 +48,27 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
         )
     except (KVCacheConfigError, CacheDirError) as exc:
         raise ConfigError([str(exc)]) from exc
+    if found is not None and plan.tiers is not None and plan.tiers.disk is not None:
+        plan.reasons.append(
+            f"cache directory {found}: a writable directory mounted at the conventional path (the Helm chart's "
+            "kvCache volume); option.lmcache_cache_dir overrides it"
+        )
     name_keys(plan, engine_args)
     return plan
+
+
+def _with_mounted_cache_dir(cfg: ServingConfig) -> tuple[Any, Any]:
+    """The LMCache options, with the conventional mounted cache directory for the auto plan when
+    option.lmcache_cache_dir is not set and that directory exists; and that directory (or None)."""
+    from lmi_server.kvcache.host import mounted_cache_dir
+
+    opts = cfg.lmcache
+    if not opts.lmcache_auto_config or opts.lmcache_cache_dir is not None:
+        return opts, None
+    found = mounted_cache_dir()
+    if found is None:
+        return opts, None
+    return opts.model_copy(update={"lmcache_cache_dir": found}), found
 
 
 def name_keys(plan: KVCachePlan, engine_args: dict[str, Any]) -> None:
