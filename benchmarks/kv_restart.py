@@ -71,7 +71,9 @@ def serve(work: Path, name: str, props: dict[str, str]) -> Server:
 def tier_props(tier: str, work: Path, redis_port: int | None) -> dict[str, str]:
     base = {"option.enable_prefix_caching": "false"}
     if tier == "disk":
-        return {**base, "option.lmcache_auto_config": "true", "option.lmcache_cache_dir": str(work / "kv-volume")}
+        # the CPU tier sized like the redis run's (the auto plan would take most of the free RAM)
+        return {**base, "option.lmcache_auto_config": "true", "option.lmcache_cache_dir": str(work / "kv-volume"),
+                "option.lmcache_cpu_size_gb": "2"}
     cfg = work / "lmcache-redis.yaml"
     cfg.write_text(f"chunk_size: 256\nmax_local_cpu_size: 2\nremote_url: \"redis://127.0.0.1:{redis_port}\"\n")
     return {**base, "option.lmcache_config_file": str(cfg)}
@@ -179,7 +181,8 @@ def main() -> None:
     finally:
         if redis is not None:
             redis.terminate()
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work / "kv-volume", ignore_errors=True)  # the servers' logs stay in `work`
+        print(f"logs: {work}")
 
 
 if __name__ == "__main__":
