@@ -134,8 +134,9 @@ class LMCacheOptions(BaseModel):
     )
     lmcache_cache_dir: Path | None = Field(
         None,
-        description="Directory for the auto plan's disk tier (local NVMe, e.g. /mnt/nvme/lmcache). "
-        "Unset: the auto plan has no disk tier.",
+        description="Directory for the auto plan's disk tier (local NVMe, e.g. /mnt/nvme/lmcache); KV stored there "
+        "survives restarts (keys carry the model, dtype and versions). Unset: /mnt/kvcache when that directory "
+        "exists and is writable (the Helm chart's kvCache volume), else no disk tier.",
     )
     lmcache_cpu_size_gb: float | None = Field(
         None, gt=0, description="Auto plan: CPU (L1) tier size in GiB instead of the computed one."

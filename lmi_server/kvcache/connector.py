@@ -22,17 +22,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
-
 from lmi_server.kvcache import block_copy
 from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob
 from lmi_server.kvcache.blend.settings import BlendConfig
+from lmi_server.kvcache.namespaced_connector import NamespacedLMCacheMPConnector
 
 logger = logging.getLogger("lmi_server.kvcache.connector")
 
 
-class GuardedLMCacheMPConnector(LMCacheMPConnector):
-    """`LMCacheMPConnector` whose worker side survives an unanswered store and copies KV block-wise."""
+class GuardedLMCacheMPConnector(NamespacedLMCacheMPConnector):
+    """`LMCacheMPConnector` (keys in the server's KV namespace) whose worker side survives an
+    unanswered store and copies KV block-wise."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -149,6 +149,18 @@ def probe_host(
     )
 
 
+MOUNTED_CACHE_DIR = Path("/mnt/kvcache")
+"""Where the auto plan looks for a cache directory when option.lmcache_cache_dir is not set: the
+Helm chart mounts its `kvCache` volume here, and `docker run -v VOLUME:/mnt/kvcache` does the same."""
+
+
+def mounted_cache_dir(path: Path | None = None) -> Path | None:
+    """`path` (default `MOUNTED_CACHE_DIR`) when it is an existing directory this process can write
+    (a mounted volume), else None. Never created: an image without the volume has no disk tier."""
+    path = MOUNTED_CACHE_DIR if path is None else path
+    return path if path.is_dir() and os.access(path, os.W_OK | os.X_OK) else None
+
+
 # ---------------------------------------------------------------------------------------------
 # Cache directory checks
 # ---------------------------------------------------------------------------------------------

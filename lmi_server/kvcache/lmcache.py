@@ -42,8 +42,9 @@ from lmi_server.kvcache.plan import (
 )
 
 MP_SERVER_MODULE = "lmcache.v1.multiprocess.server"
-MP_CONNECTOR = "LMCacheMPConnector"
-MP_CONNECTOR_MODULE = "lmcache.integration.vllm.lmcache_mp_connector"
+# CUDA hosts: LMCache's connector with the KV namespace in its keys (namespaced_connector.py).
+MP_CONNECTOR = "NamespacedLMCacheMPConnector"
+MP_CONNECTOR_MODULE = "lmi_server.kvcache.namespaced_connector"
 # CPU hosts: the same connector with a guard for unanswered stores (lmi_server/kvcache/connector.py).
 GUARDED_MP_CONNECTOR = "GuardedLMCacheMPConnector"
 GUARDED_MP_CONNECTOR_MODULE = "lmi_server.kvcache.connector"

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from lmi_server import process
+from lmi_server.kvcache.disk_budget import DiskBudgetKeeper
 
 log = logging.getLogger(__name__)
 server_log = logging.getLogger("lmi_server.lmcache_server")
@@ -116,8 +117,10 @@ class MPServerSupervisor:
         secret_env: Mapping[str, str] | None = None,
         restart_window_s: float = 600.0,
         watchdog: bool = True,
+        disk_budget: DiskBudgetKeeper | None = None,
     ) -> None:
         self._argv = list(argv)
+        self.disk_budget = disk_budget
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("OPTION_API_KEY")}  # not its business
         self._env = {**inherited, **env, **(secret_env or {})}
         self.restart_window_s = restart_window_s
@@ -184,6 +187,8 @@ class MPServerSupervisor:
             self._stopping.clear()
             self.failed = False
             self._shm_before = _shm_segments()
+            if self.disk_budget is not None:
+                self.disk_budget.start()  # what earlier runs left counts against the limit
             self._spawn_and_wait()
         self._monitor = threading.Thread(target=self._watch, name="lmcache-mp-supervisor", daemon=True)
         self._monitor.start()
@@ -320,6 +325,8 @@ class MPServerSupervisor:
             self._monitor.join(timeout=self.stop_timeout_s)
         self._close_watchdog()
         self._remove_new_shm_segments()
+        if self.disk_budget is not None:
+            self.disk_budget.stop()
 
     async def stop_async(self) -> None:
         await asyncio.to_thread(self.stop)
@@ -365,6 +372,9 @@ def supervisor_for_plan(
     assert isinstance(plan, KVCachePlan)
     if plan.mode != "mp" or plan.server_argv is None or plan.tiers is None:
         raise MPServerError(f"plan mode {plan.mode!r} has no MP server to supervise")
+    disk = plan.tiers.disk
+    if disk is not None and disk.size_bytes and "disk_budget" not in kwargs:
+        kwargs["disk_budget"] = DiskBudgetKeeper(disk.path, disk.size_bytes)
     return MPServerSupervisor(
         plan.server_argv, plan.env, host=plan.tiers.host, port=plan.tiers.port, max_restarts=max_restarts,  # type: ignore[arg-type]
         secret_env=plan.secret_env, restart_window_s=restart_window_s, **kwargs,  # type: ignore[arg-type]

@@ -25,8 +25,8 @@ class KVCacheConfigError(ValueError):
 class DiskTier:
     path: Path
     size_bytes: int | None
-    """Intended size. LMCache 0.5.6's `fs` L2 adapter has no capacity cap, so this is checked
-    against free space at start-up but not enforced by the server."""
+    """The tier's size limit. LMCache 0.5.6's `fs` L2 adapter has no capacity cap: the supervisor's
+    `DiskBudgetKeeper` enforces it (files of earlier runs included), oldest chunks out first."""
     odirect: bool
 
 

@@ -14,10 +14,14 @@ The logic, in order:
    `option.lmcache_expected_context_tokens`) exceeds that capacity: below it, vLLM's own prefix
    cache already holds every reusable prefix and LMCache would add copies for nothing.
 4. Tier sizes keep at least LMI's reserve: CPU tier = (available RAM - max(2 x model size,
-   20 % of RAM)) / TP degree per rank; disk tier likewise from free disk. LMI runs one
+   20 % of RAM)) / TP degree per rank; disk tier likewise from free disk, all of it (the disk tier
+   persists, see 5.). LMI runs one
    in-process cache per TP rank; the MP server is one process for all ranks, so its L1 is the
-   per-rank share x TP (the same total RAM as LMI). A tier is never made larger than the
-   working set needs.
+   per-rank share x TP (the same total RAM as LMI). The CPU tier is never made larger than
+   the working set needs.
+5. A cache directory (option.lmcache_cache_dir, or a volume mounted at /mnt/kvcache) always gets a
+   disk tier, even when nothing else would be offloaded: its KV survives restarts and is shared by
+   servers of the same KV namespace (`namespace.py`).
 """
 
 from __future__ import annotations
@@ -203,8 +207,13 @@ def _disk_tier(
             dsize = int(options.lmcache_disk_size_gb * GIB)
             reasons.append(f"disk tier {_gib(dsize)} from option.lmcache_disk_size_gb")
         else:
-            dsize = _quantize_gib(min(dbudget, need))
-            reasons.append(f"disk tier {_gib(dsize)} = min(budget {_gib(dbudget)}, need {_gib(need)})")
+            # The disk tier persists: it holds documents of past requests and restarts, not only
+            # today's working set, so it takes the budget (LMI's rule); the keeper enforces it.
+            dsize = _quantize_gib(dbudget)
+            reasons.append(
+                f"disk tier {_gib(dsize)} = the budget (it keeps KV of past requests across restarts, more than the "
+                f"working set's {_gib(need)}); option.lmcache_disk_size_gb for less"
+            )
         if dsize > 0:
             odirect = options.lmcache_odirect
             if check_disk:
@@ -284,16 +293,22 @@ def plan_auto(
     reasons.append(cap.reason)
     env = process_env(options.lmcache_hash_seed, options.lmcache_telemetry)
     forced = options.lmcache_cpu_size_gb is not None or options.lmcache_disk_size_gb is not None
-    if ws_tokens <= cap.tokens and not forced:
+    persist = options.lmcache_cache_dir is not None
+    if ws_tokens <= cap.tokens and not forced and not persist:
         reasons.append(
             f"no offloading: the working set ({_tokens(ws_tokens)}) fits the engine's own KV cache "
             f"({_tokens(cap.tokens)}); offloading pays from about {_tokens(cap.tokens)} of working set"
         )
         return KVCachePlan(mode=None, kv_transfer_config=None, server_argv=None, env=env, reasons=reasons, source="auto")
-    reasons.append(
-        f"offloading pays: working set {_tokens(ws_tokens)} exceeds the engine's KV capacity {_tokens(cap.tokens)}"
-        if ws_tokens > cap.tokens else "offloading forced by option.lmcache_cpu_size_gb / lmcache_disk_size_gb"
-    )
+    if ws_tokens > cap.tokens:
+        reasons.append(f"offloading pays: working set {_tokens(ws_tokens)} exceeds the engine's KV capacity {_tokens(cap.tokens)}")
+    elif forced:
+        reasons.append("offloading forced by option.lmcache_cpu_size_gb / lmcache_disk_size_gb")
+    else:
+        reasons.append(
+            f"offloading for persistence: the working set fits the engine's KV cache, but a cache directory "
+            f"({options.lmcache_cache_dir}) keeps KV across restarts"
+        )
 
     tp = host.tensor_parallel
     wanted = ws_tokens * fp.bytes_per_token
@@ -307,9 +322,15 @@ def plan_auto(
     l1_tokens = l1 // fp.bytes_per_token * (tp if mode == "inprocess" else 1)
     reasons.append(f"CPU tier holds about {_tokens(l1_tokens)}")
 
-    # Disk tier: only when the CPU tier cannot hold the working set.
+    # Disk tier: when the CPU tier cannot hold the working set, or a cache directory is there to
+    # keep KV across restarts (the auto plan's only persistent tier).
     disk = None
-    if options.lmcache_disk_size_gb is not None or l1_tokens < ws_tokens:
+    if persist:
+        reasons.append(
+            f"disk tier: {options.lmcache_cache_dir} is a cache directory; KV stored there survives restarts "
+            "and is read by any server with the same KV namespace"
+        )
+    if options.lmcache_disk_size_gb is not None or l1_tokens < ws_tokens or persist:
         disk = _disk_tier(options, host, mode, need, check_disk=check_disk, reasons=reasons, warnings=warnings)
 
     return _offload_plan(

@@ -17,7 +17,7 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
     from lmi_server.kvcache.planner import EngineFacts
     from lmi_server.kvcache.resolve import build_kvcache_plan
 
-    opts = cfg.lmcache
+    opts, found = _with_mounted_cache_dir(cfg)
     model_path, model_config = read_model_config(str(engine_args["model"]))
     try:
         host = probe_host(
@@ -42,9 +42,56 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
             )
         # the auto plan sizes the connector's timing from its own footprint
         max_transfer = longest_sequence_kv_bytes(model_config, engine_args) if engine is None else None
-        return build_kvcache_plan(
+        plan = build_kvcache_plan(
             opts, host=host, engine=engine, model_config=model_config, model_dir=cfg.model_dir,
             max_transfer_bytes=max_transfer,
         )
     except (KVCacheConfigError, CacheDirError) as exc:
         raise ConfigError([str(exc)]) from exc
+    if found is not None and plan.tiers is not None and plan.tiers.disk is not None:
+        plan.reasons.append(
+            f"cache directory {found}: a writable directory mounted at the conventional path (the Helm chart's "
+            "kvCache volume); option.lmcache_cache_dir overrides it"
+        )
+    name_keys(plan, engine_args)
+    return plan
+
+
+def _with_mounted_cache_dir(cfg: ServingConfig) -> tuple[Any, Any]:
+    """The LMCache options, with the conventional mounted cache directory for the auto plan when
+    option.lmcache_cache_dir is not set and that directory exists; and that directory (or None)."""
+    from lmi_server.kvcache.host import mounted_cache_dir
+
+    opts = cfg.lmcache
+    if not opts.lmcache_auto_config or opts.lmcache_cache_dir is not None:
+        return opts, None
+    found = mounted_cache_dir()
+    if found is None:
+        return opts, None
+    return opts.model_copy(update={"lmcache_cache_dir": found}), found
+
+
+def name_keys(plan: KVCachePlan, engine_args: dict[str, Any]) -> None:
+    """Give the MP connector this server's KV namespace (`kvcache/namespace.py`): stored chunks
+    are found again only by a server whose model files, dtypes, chunk size and versions match."""
+    from lmi_server.kvcache.namespace import EXTRA_CONFIG_KEY, kv_identity
+
+    if plan.mode != "mp" or plan.kv_transfer_config is None or plan.tiers is None:
+        return
+    identity = kv_identity(
+        str(engine_args["model"]),
+        revision=engine_args.get("revision"),
+        dtype=engine_args.get("dtype"),
+        kv_cache_dtype=engine_args.get("kv_cache_dtype"),
+        chunk_size=plan.tiers.chunk_size,
+        tensor_parallel=int(engine_args.get("tensor_parallel_size") or 1),
+        pipeline_parallel=int(engine_args.get("pipeline_parallel_size") or 1),
+        platform="cuda" if plan.tiers.transfer_mode == "lmcache_driven" else "cpu",
+    )
+    namespace = identity.namespace()
+    plan.kv_transfer_config["kv_connector_extra_config"][EXTRA_CONFIG_KEY] = namespace
+    plan.reasons.append(
+        f"KV keys in namespace {namespace} ({identity.describe()}): a cache directory or Redis shared with "
+        "another model, dtype, chunk size or LMCache/vLLM version never serves its chunks here; adapters are "
+        "kept apart by their cache salt"
+    )

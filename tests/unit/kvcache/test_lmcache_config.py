@@ -58,8 +58,10 @@ def test_cpu_only_file_gives_the_verified_recipe():
 def test_cuda_uses_lmcache_driven():
     p = file_plan(CONFIGS / "cpu.yaml", platform="cuda", shm_free_bytes=100 * GIB)
     assert p.server_argv[p.server_argv.index("--supported-transfer-mode") + 1] == "lmcache_driven"
-    # LMCache's own connector and timing: transfers do not go through the engine_driven RPCs
-    assert p.kv_transfer_config["kv_connector"] == "LMCacheMPConnector"
+    # LMCache's own connector (keys in the KV namespace) and timing: transfers do not go through
+    # the engine_driven RPCs
+    assert p.kv_transfer_config["kv_connector"] == "NamespacedLMCacheMPConnector"
+    assert p.kv_transfer_config["kv_connector_module_path"] == "lmi_server.kvcache.namespaced_connector"
     assert p.kv_transfer_config["kv_load_failure_policy"] == "recompute"
     assert set(p.kv_transfer_config["kv_connector_extra_config"]) == {"lmcache.mp.host", "lmcache.mp.port"}
     assert "--shm-name" not in p.server_argv

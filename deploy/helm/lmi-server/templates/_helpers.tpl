@@ -130,6 +130,21 @@ port: {{ last $hostport }}
 {{- if and (ne $v.sharedCache.mode "none") (not $v.lmcache.enabled) -}}
 {{- fail (printf "sharedCache.mode=%s needs lmcache.enabled=true (the shared tier is LMCache's); set sharedCache.mode=none to run without LMCache" $v.sharedCache.mode) -}}
 {{- end -}}
+{{- $disk := $v.lmcache.disk -}}
+{{- if $disk.enabled -}}
+{{- if not $v.lmcache.enabled -}}
+{{- fail "lmcache.disk.enabled needs lmcache.enabled=true (the disk tier is LMCache's)" -}}
+{{- end -}}
+{{- if or (hasKey $v.lmcache.config "local_disk") (hasKey $v.lmcache.config "max_local_disk_size") -}}
+{{- fail "lmcache.disk.enabled sets local_disk and max_local_disk_size itself: remove them from lmcache.config" -}}
+{{- end -}}
+{{- if and (eq $disk.volume "pvc") (not $disk.pvc.claimName) -}}
+{{- fail "lmcache.disk.volume=pvc needs lmcache.disk.pvc.claimName (ReadWriteMany when several replicas share it)" -}}
+{{- end -}}
+{{- if and (eq $disk.volume "hostPath") (not $disk.hostPath.path) -}}
+{{- fail "lmcache.disk.volume=hostPath needs lmcache.disk.hostPath.path (a directory on the node's NVMe)" -}}
+{{- end -}}
+{{- end -}}
 {{- if and $v.metrics.podMonitor.enabled (not $v.metrics.public) (include "lmi.apiKeySecret" .) (not $v.metrics.podMonitor.bearerTokenSecret.name) -}}
 {{- fail "metrics.podMonitor.enabled with API keys and metrics.public=false: give metrics.podMonitor.bearerTokenSecret (a Secret holding one key) or set metrics.public=true" -}}
 {{- end -}}
@@ -191,3 +206,6 @@ port: {{ last $hostport }}
 vllm: {{ printf "sum(vllm:num_requests_waiting{%s})" (include "lmi.promSelector" .) | quote }}
 admission: {{ printf "sum(lmi_queue_depth{%s})" (include "lmi.promSelector" .) | quote }}
 {{- end -}}
+
+{{/* The mount path of the persistent KV volume: where the server's auto plan looks, too. */}}
+{{- define "lmi.kvCacheDir" -}}/mnt/kvcache{{- end -}}

@@ -1,0 +1,219 @@
+"""KV that survives a restart, end to end, with three engine starts on one cache directory and one
+Redis: (1) the demo model seeds two documents; (2) a restarted server on the same directory and
+Redis serves one document from the disk tier and the other from Redis, same answers; (3) a server
+with another dtype and LoRA on, on the same directory, finds nothing (nor does an adapter request,
+even where its base model's KV is stored), because the keys carry what makes KV valid. The disk
+tier's size limit counts the files an earlier run left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.cluster import redis_dbsize, redis_server_binary, resp_command
+from lmi_server.kvcache.disk_budget import chunk_files
+from tests.e2e.conftest import LORA_PROPS, _adapters_for
+from tests.e2e.test_api import metric_value
+from tests.support.server import DEMO_PROPS, free_port, running_server
+
+pytestmark = pytest.mark.skipif(
+    redis_server_binary() is None, reason="redis-server is not installed (Debian: apt-get install -y redis-server)"
+)
+
+LIMIT_GIB = 0.05  # 51.2 MiB; the demo model's KV is 2 MiB per 256-token chunk in float32
+LIMIT = int(LIMIT_GIB * 2**30)
+FAKE_MIB = 60  # an earlier run's leftovers: 60 chunk files of 1 MiB, over the limit on their own
+
+
+def document(name: str, n_chars: int = 7000) -> str:
+    return Path(sysconfig.get_paths()["stdlib"], name).read_text()[:n_chars]
+
+
+DOC_A, DOC_B = document("argparse.py"), document("typing.py")
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    port = free_port()
+    work = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if resp_command(port, "PING").startswith(b"+PONG"):
+                break
+        except OSError:
+            time.sleep(0.2)
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kv-volume")
+    for i in range(FAKE_MIB):
+        path = d / f"earlier-run-{i:02d}@0x00000000@0@{i:064x}.data"
+        path.write_bytes(b"\0" * 2**20)
+        t = 1_600_000_000 + i  # older than anything this run stores; file 00 the oldest
+        os.utime(path, (t, t))
+    return d
+
+
+def props_for(model_dir: Path, cache_dir: Path, redis_port: int, **extra: str) -> dict[str, str]:
+    (model_dir / "lmcache.yaml").write_text(
+        f"chunk_size: 256\nmax_local_cpu_size: 0.5\nlocal_disk: \"file://{cache_dir}\"\n"
+        f"max_local_disk_size: {LIMIT_GIB}\nremote_url: \"redis://127.0.0.1:{redis_port}\"\n"
+    )
+    return {**DEMO_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml",
+            **extra}
+
+
+def complete(server, prompt: str, adapter: str | None = None) -> dict:
+    body = {"model": adapter or "lmi-demo", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(server.base_url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    return {"text": out["choices"][0]["text"], "cached": out["usage"]["prompt_tokens_details"]["cached_tokens"],
+            "prompt_tokens": out["usage"]["prompt_tokens"]}
+
+
+def metric(server, name: str) -> float:
+    return metric_value(httpx.get(server.base_url + "/metrics").text, name) or 0.0
+
+
+def real_chunks(d: Path) -> set[str]:
+    return {p.name for _, _, p in chunk_files(d) if not p.name.startswith("earlier-run-")}
+
+
+def wait_stored(cache_dir: Path, redis_port: int, before: set[str]) -> set[str]:
+    """The chunk files a request added, once disk and Redis stop growing."""
+    last, stable = None, 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and stable < 3:
+        now = (frozenset(real_chunks(cache_dir) - before), redis_dbsize(redis_port))
+        stable = stable + 1 if now == last and now[0] else 0
+        last = now
+        time.sleep(1)
+    assert last and last[0], "no chunk reached the disk tier"
+    return set(last[0])
+
+
+def redis_key(file_name: str) -> str:
+    """The Redis key of the chunk a disk-tier file holds (same fields; the rank without `0x`)."""
+    model, rank, *rest = file_name.removesuffix(".data").split("@")
+    return "@".join([model, rank.removeprefix("0x"), *rest])
+
+
+def within_limit_and_oldest_out(cache_dir: Path) -> None:
+    files = chunk_files(cache_dir)
+    assert sum(size for _, size, _ in files) <= LIMIT
+    kept = sorted(int(p.name.split("@")[0].removeprefix("earlier-run-")) for _, _, p in files
+                  if p.name.startswith("earlier-run-"))
+    assert kept == list(range(kept[0], FAKE_MIB)) if kept else True  # the earlier run's newest files
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory, cache_dir, redis):
+    """Engine 1: seeds document A, then B; the chunk files of each; the answers."""
+    model_dir = tmp_path_factory.mktemp("kv-restart-model")
+    with running_server(model_dir, props_for(model_dir, cache_dir, redis)) as server:
+        left = {p.name for _, _, p in chunk_files(cache_dir)}
+        start_state = (len(left), sum(s for _, s, _ in chunk_files(cache_dir)))
+        a = complete(server, DOC_A)
+        files_a = wait_stored(cache_dir, redis, set())
+        b = complete(server, DOC_B)
+        files_b = wait_stored(cache_dir, redis, files_a)
+        warm = complete(server, DOC_A)
+    return {"model_dir": model_dir, "a": a, "b": b, "warm_a": warm, "files_a": files_a, "files_b": files_b,
+            "start_state": start_state}
+
+
+def test_start_counts_an_earlier_runs_files_against_the_limit(seeded, cache_dir):
+    files, size = seeded["start_state"]
+    assert size <= LIMIT and files < FAKE_MIB  # 60 MiB found: the oldest removed before serving
+    assert not (cache_dir / f"earlier-run-00@0x00000000@0@{0:064x}.data").exists()
+    assert seeded["a"]["prompt_tokens"] > 1024 and seeded["b"]["prompt_tokens"] > 1024
+    assert seeded["warm_a"]["cached"] >= 1024 and seeded["warm_a"]["text"] == seeded["a"]["text"]
+    # every chunk is named by the server's namespace, not by the model's path
+    assert len({name.split("@")[0] for name in seeded["files_a"] | seeded["files_b"]}) == 1
+    assert not any("-SEP-" in name for name in seeded["files_a"])
+
+
+@pytest.fixture(scope="module")
+def restarted(seeded, cache_dir, redis):
+    """Engine 2 on the same directory and Redis. Before it starts, document A is left on disk only
+    and document B in Redis only, so each hit names its tier."""
+    for name in seeded["files_b"]:
+        (cache_dir / name).unlink(missing_ok=True)
+    for name in seeded["files_a"]:
+        assert resp_command(redis, "DEL", redis_key(name)).startswith(b":1"), name
+    model_dir = seeded["model_dir"]
+    with running_server(model_dir, props_for(model_dir, cache_dir, redis)) as server:
+        yield server
+
+
+def test_restarted_server_serves_a_document_from_the_disk_tier(seeded, restarted):
+    again = complete(restarted, DOC_A)
+    assert again["text"] == seeded["a"]["text"]
+    assert again["cached"] >= 1024, again
+    assert metric(restarted, "lmi_lmcache_lookup_hit_l2_tokens_total") >= again["cached"]
+
+
+def test_restarted_server_serves_a_document_from_redis(seeded, restarted, redis):
+    before = metric(restarted, "lmi_lmcache_lookup_hit_l2_tokens_total")
+    again = complete(restarted, DOC_B)
+    assert again["text"] == seeded["b"]["text"]
+    assert again["cached"] >= 1024, again
+    assert metric(restarted, "lmi_lmcache_lookup_hit_l2_tokens_total") - before >= again["cached"]
+
+
+def test_the_limit_holds_across_restarts(seeded, restarted, cache_dir):
+    within_limit_and_oldest_out(cache_dir)
+    assert seeded["files_a"] <= real_chunks(cache_dir)  # this run's chunks are newer than every leftover
+
+
+@pytest.fixture(scope="module")
+def other_dtype(restarted, seeded, cache_dir, redis, tmp_path_factory):
+    """Engine 3: bfloat16 and LoRA on, same directory and Redis (engine 2 stopped first)."""
+    from lmi_server.demo.builder import ensure_demo_model
+
+    restarted.stop()
+    model_dir = tmp_path_factory.mktemp("kv-restart-bf16")
+    root = model_dir / "adapters"
+    root.mkdir()
+    _adapters_for(ensure_demo_model(), root)
+    props = props_for(model_dir, cache_dir, redis, **{**LORA_PROPS, "option.dtype": "bf16",
+                                                      "option.adapters_path": str(root)})
+    with running_server(model_dir, props) as server:
+        yield server
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_other_dtype_and_adapter_never_read_those_chunks(seeded, other_dtype, cache_dir, redis):
+    before = real_chunks(cache_dir)
+    base = complete(other_dtype, DOC_A)
+    assert base["cached"] == 0, base  # the float32 chunks of A are on disk: not this server's namespace
+    assert metric(other_dtype, "lmi_lmcache_lookup_hit_tokens_total") == 0
+    added = wait_stored(cache_dir, redis, before)
+    namespaces = {n.split("@")[0] for n in added}
+    assert len(namespaces) == 1 and namespaces.isdisjoint({n.split("@")[0] for n in seeded["files_a"]})
+    # the adapter's request misses although this server's own base KV of A is stored now
+    adapted = complete(other_dtype, DOC_A, adapter="hello-printer")
+    assert adapted["cached"] == 0, adapted
+    # and the base request hits its own KV: the misses above are the keys' doing
+    again = complete(other_dtype, DOC_A)
+    assert again["cached"] >= 1024 and again["text"] == base["text"]
+
