@@ -134,6 +134,29 @@ esac
 """
 
 
+def suffix_decoding_check(image: str) -> str:
+    """option.speculative_method=suffix needs Arctic Inference's suffix tree: it imports and drafts in the image."""
+    code, out, _ = c.run_to_exit(image, "--entrypoint", "python3", command=("-c", SUFFIX_PROBE))
+    assert code == 0, out
+    line = next(line for line in out.splitlines() if line.startswith("arctic_inference="))
+    assert line.endswith("draft=[6, 7]"), line  # an earlier response's continuation
+    return f"the suffix tree imports and drafts ({line})"
+
+
+SUFFIX_PROBE = (
+    "import importlib.metadata as m; from arctic_inference.suffix_decoding import SuffixDecodingCache; "
+    "cache = SuffixDecodingCache(max_tree_depth=8, max_cached_requests=4); "
+    "cache.start_request('r', [1, 2, 3]); cache.add_active_response('r', [4, 5, 6, 7]); cache.stop_request('r'); "
+    "cache.start_request('s', [9]); "
+    "d = cache.speculate('s', [4, 5], max_spec_tokens=2, max_spec_factor=2.0, min_token_prob=0.0); "
+    "print('arctic_inference=' + m.version('arctic-inference'), 'draft=' + str(list(d.token_ids)))"
+)
+
+
+def test_the_cpu_image_carries_suffix_decoding(cpu_image):
+    assert "drafts" in suffix_decoding_check(cpu_image)
+
+
 def gpu_checks(image: str, tmp_path: Path) -> dict[str, str]:
     """The three things the GPU image must do on a host without a GPU."""
     results = {}
@@ -161,6 +184,8 @@ def gpu_checks(image: str, tmp_path: Path) -> dict[str, str]:
     versions = next(line for line in out.splitlines() if line.startswith("torch="))
     assert versions.startswith("torch=2.13.0"), versions
     results["lmcache_cuda_ops"] = f"import lmcache.cuda_ops works ({versions})"
+    # 2b. Suffix decoding's extension, built in the image from its pinned sdist (scripts/build_suffix_decoding.py).
+    results["suffix_decoding"] = suffix_decoding_check(image)
     # 3. `serve` without a GPU stops at once naming the GPU and the driver.
     code, out, seconds = c.run_to_exit(image, "--shm-size=1g", command=("serve",), timeout_s=300)
     assert code == HOST_REQUIREMENT_EXIT_CODE, out
@@ -175,7 +200,7 @@ def test_gpu_image_installs_on_its_base_and_knows_it_has_no_gpu(tmp_path):
     verified = json.loads(c.GPU_IMAGE_VERIFIED.read_text()) if c.GPU_IMAGE_VERIFIED.exists() else {}
     if verified.get("inputs_sha256") == digest and os.environ.get("LMI_BUILD_GPU_IMAGE") != "1":
         # Built and checked with exactly these inputs; the record says what was seen.
-        assert set(verified["checks"]) == {"config", "lmcache_cuda_ops", "serve_without_gpu"}
+        assert set(verified["checks"]) == {"config", "lmcache_cuda_ops", "suffix_decoding", "serve_without_gpu"}
         assert verified["base"].startswith("lmi-standin/vllm-openai:v0.32.0")
         return
     c.daemon_up()
