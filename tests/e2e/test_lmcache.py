@@ -152,10 +152,26 @@ def test_cache_server_killed_while_kv_is_being_stored_fails_no_request(lmcache_s
     assert complete(lmcache_server, "import os\n", 4)["choices"][0]["text"] is not None
 
 
+def wait_for_lmcache_round_trips(server, timeout_s: float = 120) -> None:
+    """Until a prompt stored in LMCache comes back as a hit: after a cache-server restart (the test
+    before) the engine's connector re-registers its KV with the new server a few seconds later, and
+    until then stores are refused and lookups miss."""
+    source = Path(sysconfig.get_paths()["stdlib"], "argparse.py").read_text()
+    deadline = time.monotonic() + timeout_s
+    for attempt in range(1000):
+        prompt = source[attempt * 3000:(attempt + 1) * 3000]  # a new prompt each time: no earlier hit
+        complete(server, prompt, 2)
+        if complete(server, prompt, 2)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0:
+            return
+        assert time.monotonic() < deadline, "LMCache served no hit within the timeout"
+        time.sleep(1)
+
+
 def test_a_kv_load_that_fails_is_recomputed_not_failed(lmcache_server):
     """While the switch file exists, the engine worker's copy of every LMCache hit raises (the
     server's worker hook, tests/e2e/conftest.py), as when the cache server dies between the lookup
     and the load."""
+    wait_for_lmcache_round_trips(lmcache_server)  # so that the second request below is a hit
     prompt = Path(sysconfig.get_paths()["stdlib"], "inspect.py").read_text()[40000:43000]  # no earlier test sent it
     lmcache_server.fail_loads.touch()
     try:
