@@ -43,7 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    REPO, RESULTS, SPEC_COUNTERS, Server, free_port, machine, save, spec_counters, stream_completion,
+    REPO, RESULTS, SPEC_COUNTERS, builtin_server, machine, mark_against, save, spec_counters, stream_completion,
 )
 
 MODES = {  # the only environment each mode adds to `make serve`'s
@@ -186,11 +186,7 @@ def compare(doc: dict, baseline: str) -> None:
             ref = base.get(lv["concurrency"])
             if ref is None:
                 continue
-            lv[f"speedup_vs_{baseline}"] = round(lv["output_tokens_per_s"] / ref["output_tokens_per_s"], 3)
-            same = [a["sha1"] == b["sha1"] for a, b in zip(lv["outputs"], ref["outputs"])]
-            for o, s in zip(lv["outputs"], same):
-                o["identical_to_" + baseline] = s
-            lv["identical_share"] = round(sum(same) / len(same), 3) if same else None
+            mark_against(lv, ref, baseline)
 
 
 def host() -> dict:
@@ -217,11 +213,7 @@ def host() -> dict:
 def run_mode(mode: str, work: Path, all_tasks: list[dict], levels: list[int], max_tokens: int, agents: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
     env.update({**ENGINE_ENV, **MODES[mode]})
-    port = free_port()
-    argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
-            "--host", "127.0.0.1", "--port", str(port)]
-    server = Server(f"lmi-{mode}", argv, port, "/ping", work / f"{mode}.log", env=env)
-    server.env = {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    server = builtin_server(mode, work, env)
     with server:
         run_level(server.url, all_tasks[-1:], 1, 16)  # warm-up on another task than level 1's, not recorded
         out = []

@@ -216,3 +216,24 @@ def save_twin_axes_plot(fig, ax, twin, name: str, loc: str) -> Path:
     out = RESULTS / f"{name}.png"
     fig.savefig(out, dpi=110)
     return out
+
+
+def builtin_server(name: str, work: Path, env: dict[str, str]) -> "Server":
+    """`lmi-server serve` with no model option (the built-in assistant, as `make serve`) on a free
+    loopback port, with exactly `env` (plus vLLM's no-telemetry switches): one mode of a benchmark."""
+    port = free_port()
+    argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
+            "--host", "127.0.0.1", "--port", str(port)]
+    server = Server(f"lmi-{name}", argv, port, "/ping", work / f"{name}.log", env=env)
+    server.env = {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    return server
+
+
+def mark_against(level: dict, ref: dict, baseline: str) -> None:
+    """A level's speed-up over the baseline mode's same level, and which of its outputs (by sha1, in
+    order) are identical to the baseline's."""
+    level[f"speedup_vs_{baseline}"] = round(level["output_tokens_per_s"] / ref["output_tokens_per_s"], 3)
+    same = [a["sha1"] == b["sha1"] for a, b in zip(level["outputs"], ref["outputs"])]
+    for o, s in zip(level["outputs"], same):
+        o["identical_to_" + baseline] = s
+    level["identical_share"] = round(sum(same) / len(same), 3) if same else None

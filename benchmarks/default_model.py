@@ -32,7 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    RESULTS, Server, chat_level, free_port, machine, save,
+    RESULTS, builtin_server, chat_level, machine, save,
 )
 
 QUESTIONS = [
@@ -93,11 +93,7 @@ def main() -> int:
         if mode.startswith("head_k"):
             env["OPTION_SPECULATIVE_CONFIG"] = json.dumps(
                 {"method": "eagle3", "model": str(Path(args.head).resolve()), "num_speculative_tokens": int(mode[6:])})
-        port = free_port()
-        argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
-                "--host", "127.0.0.1", "--port", str(port)]
-        server = Server(f"lmi-{mode}", argv, port, "/ping", work / f"{mode}.log", env=env)
-        server.env = {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        server = builtin_server(mode, work, env)
         with server:
             levels = []
             for c in args.concurrency:

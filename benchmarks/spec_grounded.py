@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    RESULTS, Server, chat_level, free_port, machine, save,
+    RESULTS, builtin_server, chat_level, machine, mark_against, save,
 )
 
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "spec_grounded.json"
@@ -103,11 +103,7 @@ def compare(doc: dict, baseline: str) -> None:
                 ref = base.get((w, lv["concurrency"]))
                 if ref is None:
                     continue
-                lv[f"speedup_vs_{baseline}"] = round(lv["output_tokens_per_s"] / ref["output_tokens_per_s"], 3)
-                same = [a["sha1"] == b["sha1"] for a, b in zip(lv["outputs"], ref["outputs"])]
-                for o, s in zip(lv["outputs"], same):
-                    o["identical_to_" + baseline] = s
-                lv["identical_share"] = round(sum(same) / len(same), 3) if same else None
+                mark_against(lv, ref, baseline)
 
 
 def main() -> int:
@@ -128,11 +124,7 @@ def main() -> int:
     for mode in args.modes:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
         env.update(mode_env(mode))
-        port = free_port()
-        argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
-                "--host", "127.0.0.1", "--port", str(port)]
-        server = Server(f"lmi-{mode}", argv, port, "/ping", work / f"{mode}.log", env=env)
-        server.env = {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        server = builtin_server(mode, work, env)
         with server:
             run_level(server.url, prompts["chat"], 1, 1, 16)  # warm-up, not recorded
             workloads: dict[str, list[dict]] = {w: [] for w in args.workloads}
