@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import fairness_tenants  # noqa: E402
-from benchmarks.common import RESULTS, RequestResult, Server, free_port, machine, pct, save, stream_completion  # noqa: E402
+from benchmarks.common import RESULTS, RequestResult, builtin_server, machine, pct, save, stream_completion  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?", "How do I reverse a list in Python?", "Why do we have day and night?",
@@ -177,11 +177,7 @@ def main() -> int:
         for option in args.option:
             key, _, value = option.partition("=")
             env["OPTION_" + key.removeprefix("option.").upper()] = value
-        port = free_port()
-        argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(work / "no-model"),
-                "--host", "127.0.0.1", "--port", str(port)]
-        server = Server(f"lmi-{policy}", argv, port, "/ping", work / f"{policy}.log", env=env)
-        server.env = {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        server = builtin_server(policy, work, env)
         print(f"policy {policy}", flush=True)
         with server:
             runs[policy] = asyncio.run(run_policy(server.url, args))
