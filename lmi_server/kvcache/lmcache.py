@@ -168,6 +168,9 @@ def choose_shm(
     return False
 
 
+L2_PREFETCH_POLICY = "retain"
+
+
 def _gib_arg(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.4g}"
 
@@ -214,8 +217,15 @@ def mp_server_argv(tiers: CacheTiers, python: str | None = None) -> list[str]:
         # hit over ZMQ (clone, pickle, send, unpickle, copy). One name per port and serving
         # process: a restarted server reclaims it; the supervisor unlinks it at stop.
         argv += ["--shm-name", shm_segment_name(tiers.port)]
-    for spec in l2_adapter_specs(tiers):
+    specs = l2_adapter_specs(tiers)
+    for spec in specs:
         argv += ["--l2-adapter", json.dumps(spec, separators=(",", ":"))]
+    if specs:
+        # LMCache's default prefetch policy drops a chunk from the CPU tier as soon as the engine
+        # has read it from disk or Redis, so every later hit on a document that came back from
+        # L2 (after a restart, or after eviction) reads L2 again. "retain" keeps it in the CPU tier,
+        # where the LRU policy ages it like any other chunk.
+        argv += ["--l2-prefetch-policy", L2_PREFETCH_POLICY]
     return argv
 
 

@@ -114,7 +114,7 @@ def test_redis_file_translates_to_resp_adapter():
 
 def test_redis_password_goes_by_environment_not_argv(tmp_path):
     p = file_plan(write(tmp_path, "remote_url: redis://user:s3cret@r:6380\n"))
-    spec = json.loads(p.server_argv[-1])
+    spec = json.loads(p.server_argv[p.server_argv.index("--l2-adapter") + 1])
     assert spec == {"type": "resp", "host": "r", "port": 6380}
     assert "s3cret" not in " ".join(p.server_argv)
     assert p.secret_env == {"LMCACHE_RESP_USERNAME": "user", "LMCACHE_RESP_PASSWORD": "s3cret"}
@@ -126,6 +126,34 @@ def test_disk_and_remote_both(tmp_path):
     specs = [json.loads(p.server_argv[i + 1]) for i, a in enumerate(p.server_argv) if a == "--l2-adapter"]
     assert [s["type"] for s in specs] == ["fs", "resp"]
     assert specs[0]["use_odirect"] is False
+
+
+def lmcache_server_reads(argv: list[str]):
+    """The storage settings LMCache's cache server makes of our command line (its own parser)."""
+    import argparse
+
+    from lmcache.v1.distributed.config import parse_args_to_config
+    from lmcache.v1.multiprocess import server
+
+    parser = argparse.ArgumentParser()
+    for add in (server.add_mp_server_args, server.add_storage_manager_args, server.add_observability_args,
+                server.add_coordinator_args):
+        add(parser)
+    return parse_args_to_config(parser.parse_args(argv[argv.index(server.__name__) + 1:]))
+
+
+def test_chunks_read_back_from_disk_or_redis_stay_in_the_cpu_tier(tmp_path):
+    """With an L2 tier the cache server keeps what it read back (LMCache's "retain" prefetch
+    policy): without it a second hit on a document that came from disk reads the disk again."""
+    from lmcache.v1.distributed.storage_controllers.prefetch_policy import get_registered_prefetch_policies
+
+    with_l2 = file_plan(write(tmp_path, "local_disk: /data/kv\n"))
+    argv = with_l2.server_argv
+    assert argv[argv.index("--l2-prefetch-policy") + 1] == "retain"
+    assert "retain" in get_registered_prefetch_policies()
+    assert lmcache_server_reads(argv).prefetch_policy == "retain"
+    cpu_only = file_plan(write(tmp_path, "max_local_cpu_size: 2\n"))
+    assert "--l2-prefetch-policy" not in cpu_only.server_argv
 
 
 def test_mp_port_key_sets_the_port(tmp_path):
