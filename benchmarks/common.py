@@ -204,8 +204,13 @@ def machine() -> dict:
 def save(name: str, doc: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    path.write_text(json.dumps(doc, indent=2, default=_plain) + "\n")
     return path
+
+
+def _plain(value):
+    """JSON for what json cannot write itself: paths (argparse arguments) as text, numbers (numpy) as floats."""
+    return str(value) if isinstance(value, Path) else float(value)
 
 
 def save_twin_axes_plot(fig, ax, twin, name: str, loc: str) -> Path:
