@@ -76,7 +76,8 @@ def tier_props(tier: str, work: Path, redis_port: int | None) -> dict[str, str]:
         return {**base, "option.lmcache_auto_config": "true", "option.lmcache_cache_dir": str(work / "kv-volume"),
                 "option.lmcache_cpu_size_gb": "1"}
     cfg = work / "lmcache-redis.yaml"
-    cfg.write_text(f"chunk_size: 256\nmax_local_cpu_size: 1\nremote_url: \"redis://127.0.0.1:{redis_port}\"\n")
+    # the chunk size the auto plan takes on a CPU host (lmi_server/kvcache/planner.py, CPU_CHUNK_TOKENS)
+    cfg.write_text(f"chunk_size: 128\nmax_local_cpu_size: 1\nremote_url: \"redis://127.0.0.1:{redis_port}\"\n")
     return {**base, "option.lmcache_config_file": str(cfg)}
 
 

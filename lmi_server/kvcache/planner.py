@@ -46,6 +46,12 @@ from lmi_server.config.options import LMCacheOptions
 from lmi_server.kvcache.plan import CacheTiers, DiskTier, KVCacheConfigError, KVCachePlan, Platform
 
 DEFAULT_CHUNK_SIZE = 256
+CPU_CHUNK_TOKENS = 128
+"""Chunk size of the auto plan on CPU hosts (rounded to whole engine blocks). A hit loads whole
+chunks; the prompt's tail beyond the last whole chunk (up to a chunk) is prefilled, attending to the
+whole context, and on a CPU that tail is most of a hit's time (measured, benchmarks/kv_restart.py:
+a 3,819-token document's 235-token tail took 0.72 s of its 0.73 s warm hit, 91 tokens 0.30 s).
+vLLM's CPU block is 128 tokens, so 128 halves the mean tail; GPU hosts keep LMCache's 256."""
 CPU_ENGINE_KV_DEFAULT_BYTES = 4 * GIB
 RESERVE_RAM_FRACTION = 0.20
 RESERVE_MODEL_MULTIPLE = 2
@@ -61,6 +67,10 @@ class EngineFacts:
     engine_kv_cache_bytes: int | None = None
     """Engine KV space when known directly (CPU: VLLM_CPU_KVCACHE_SPACE GiB; GPU: kv_cache_memory_bytes)."""
     kv_cache_dtype: str | None = None
+    block_size: int | None = None
+    """The engine's KV block size (option.block_size or vLLM's default for the platform)."""
+    blend: bool = False
+    """option.lmcache_blend: segments are matched in chunks of DEFAULT_CHUNK_SIZE (its measured setting)."""
 
 
 @dataclass(frozen=True)
@@ -233,15 +243,30 @@ def _disk_tier(
     return disk
 
 
+def auto_chunk_size(platform: Platform, engine: EngineFacts, reasons: list[str]) -> int:
+    """LMCache's 256 tokens, or CPU_CHUNK_TOKENS in whole engine blocks on a CPU host without
+    blending (see CPU_CHUNK_TOKENS)."""
+    if platform != "cpu" or engine.blend:
+        return DEFAULT_CHUNK_SIZE
+    block = engine.block_size or CPU_CHUNK_TOKENS
+    chunk = max(block, CPU_CHUNK_TOKENS // block * block)
+    reasons.append(
+        f"chunk size {chunk} tokens on a CPU host: a hit prefills the prompt's tail beyond its last whole chunk, "
+        f"and on a CPU that tail is most of the hit's time (LMCache's default is {DEFAULT_CHUNK_SIZE})"
+    )
+    return chunk
+
+
 def _offload_plan(
     mode: str, platform: Platform, l1: int, disk: DiskTier | None, host: HostFacts, *, port: int, metrics_port: int,
     python: str | None, max_transfer: int, env: dict[str, str], reasons: list[str], warnings: list[str],
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> KVCachePlan:
     """The plan with its tiers: the MP server's argv and connector, or in-process LMCache's env."""
     transfer_mode = transfer_mode_for(platform)
     shm = mode == "mp" and choose_shm(None, transfer_mode, l1, host.shm_free_bytes, reasons, warnings)
     tiers = CacheTiers(
-        chunk_size=DEFAULT_CHUNK_SIZE,
+        chunk_size=chunk_size,
         l1_bytes=l1,
         eviction_policy="LRU",
         disk=disk,
@@ -252,7 +277,7 @@ def _offload_plan(
         transfer_mode=transfer_mode,
         shm=shm,
     )
-    reasons.append(f"transfer mode {tiers.transfer_mode} ({platform} host), chunk size {DEFAULT_CHUNK_SIZE} tokens")
+    reasons.append(f"transfer mode {tiers.transfer_mode} ({platform} host), chunk size {chunk_size} tokens")
     if mode == "inprocess":
         env.update(inprocess_env(tiers))
         return KVCachePlan(
@@ -336,6 +361,7 @@ def plan_auto(
     return _offload_plan(
         mode, platform, l1, disk, host, port=port, metrics_port=metrics_port, python=python,
         max_transfer=engine.max_model_len * fp.bytes_per_token, env=env, reasons=reasons, warnings=warnings,
+        chunk_size=auto_chunk_size(platform, engine, reasons),
     )
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.kvcache.plan import KVCachePlan
+from lmi_server.preflight import engine_block_size
 from lmi_server.runtime.model_files import longest_sequence_kv_bytes, max_model_len
 from lmi_server.runtime.model_files import model_config as read_model_config
 
@@ -39,6 +40,8 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
                 gpu_memory_utilization=float(engine_args.get("gpu_memory_utilization") or 0.9),
                 engine_kv_cache_bytes=kv_bytes or engine_args.get("kv_cache_memory_bytes"),
                 kv_cache_dtype=engine_args.get("kv_cache_dtype"),
+                block_size=engine_block_size(engine_args, gpu=host.platform != "cpu"),
+                blend=opts.lmcache_blend,
             )
         # the auto plan sizes the connector's timing from its own footprint
         max_transfer = longest_sequence_kv_bytes(model_config, engine_args) if engine is None else None

@@ -172,6 +172,15 @@ def test_restarted_server_serves_a_document_from_the_disk_tier(seeded, restarted
     assert metric(restarted, "lmi_lmcache_lookup_hit_l2_tokens_total") >= again["cached"]
 
 
+def test_a_document_read_back_from_disk_is_then_served_from_the_cpu_tier(seeded, restarted):
+    """The retain prefetch policy: the disk hit above left document A's chunks in the CPU tier."""
+    l1, l2 = metric(restarted, "lmi_lmcache_lookup_hit_l1_tokens_total"), metric(restarted, "lmi_lmcache_lookup_hit_l2_tokens_total")
+    again = complete(restarted, DOC_A)
+    assert again["text"] == seeded["a"]["text"] and again["cached"] >= 1024, again
+    assert metric(restarted, "lmi_lmcache_lookup_hit_l1_tokens_total") - l1 >= again["cached"]
+    assert metric(restarted, "lmi_lmcache_lookup_hit_l2_tokens_total") == l2
+
+
 def test_restarted_server_serves_a_document_from_redis(seeded, restarted, redis):
     before = metric(restarted, "lmi_lmcache_lookup_hit_l2_tokens_total")
     again = complete(restarted, DOC_B)

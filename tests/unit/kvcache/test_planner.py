@@ -198,3 +198,24 @@ def test_a_cache_dir_gives_a_persistent_disk_tier_even_when_the_working_set_fits
     assert p.tiers.disk.size_bytes > 0
     assert any("offloading for persistence" in r for r in p.reasons)
     assert any("survives restarts" in r for r in p.reasons)
+
+
+def test_cpu_plan_takes_chunks_of_128_tokens_in_whole_blocks_and_gpu_or_blend_keeps_256():
+    """On a CPU host a hit's uncached tail (up to one chunk) is most of its time: the auto plan takes
+    128-token chunks there (whole engine blocks); GPU hosts and blending keep LMCache's 256."""
+    demo = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "hidden_size": 256, "dtype": "bfloat16"}
+    cpu = HostFacts(available_ram_bytes=20 * GIB, total_ram_bytes=24 * GIB, model_weight_bytes=10_000_000)
+
+    def chunk(host, **engine):
+        p = plan_auto(demo, EngineFacts(4, 8192, engine_kv_cache_bytes=1 * GIB, **engine), host,
+                      LMCacheOptions(lmcache_auto_config=True, lmcache_expected_context_tokens=2_000_000),
+                      port=5555, metrics_port=5556, python="python", check_disk=False)
+        assert p.server_argv[p.server_argv.index("--chunk-size") + 1] == str(p.tiers.chunk_size)
+        return p.tiers.chunk_size, p.reasons
+
+    size, reasons = chunk(cpu, block_size=128)
+    assert size == 128 and any("chunk size 128 tokens on a CPU host" in r for r in reasons)
+    assert chunk(cpu, block_size=16)[0] == 128
+    assert chunk(cpu, block_size=256)[0] == 256  # never less than one block
+    assert chunk(cpu, block_size=128, blend=True)[0] == 256
+    assert plan(QWEN25_1_5B, p5_host(QWEN1_5_WEIGHTS, tp=1), lmcache_expected_context_tokens=10_000_000).tiers.chunk_size == 256
