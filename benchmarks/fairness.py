@@ -207,6 +207,7 @@ def adapters_main(args, work: Path, load_start) -> int:
 
     def document(runs: dict) -> dict:
         return {"benchmark": "fairness_adapters", "machine": machine() | {"cpu_flags": fairness_tenants.cpu_flags()},
+                "engine_cpu_env": fairness_tenants.engine_cpu_env(),
                 "load_average_at_start": load_start, "load_average_at_end": os.getloadavg(), "args": vars(args), "runs": runs}
 
     doc = document(fairness_tenants.run(args, work, argv_for, lambda runs: save(args.name, document(runs))))

@@ -53,6 +53,13 @@ def cpu_flags() -> list[str]:
     return sorted(words & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"})
 
 
+def engine_cpu_env() -> dict[str, str]:
+    """vLLM's CPU thread settings the servers inherit (e.g. VLLM_CPU_OMP_THREADS_BIND=0 on a 2-core
+    host: the engine's threads on one core, the other left to the server, the cache server and this
+    load generator)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU_", "OMP_", "KMP_"))}
+
+
 def server_env(variant: str, args, work: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SM_", "HF_MODEL_ID"))}
     env.update(LORA)

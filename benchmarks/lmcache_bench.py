@@ -175,10 +175,12 @@ def run_server(name: str, options: dict[str, str], work: Path, args: argparse.Na
         for workload, extra in workload_args(args).items():
             if workload not in args.workloads:
                 continue
-            before = blend_counters(server.url)
+            before, seen = blend_counters(server.url), len(blend_lines(work / f"{name}.log"))
             summary = run_workload(server.url, served["id"], workload, extra, work, args.seed)
             after = blend_counters(server.url)
             summary["blend_metrics"] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            # where each blended request's time went (load, place, forward, scatter, store)
+            summary["server_log_blend_lines"] = blend_lines(work / f"{name}.log")[seen:]
             r = summary["results"]
             print(f"   {workload}: TTFT mean {r['mean_ttft_ms'] / 1000:.2f} s, p50 {r['p50_ttft_ms'] / 1000:.2f} s "
                   f"({r['successful_requests']}/{r['total_requests']} ok)", flush=True)
@@ -186,9 +188,13 @@ def run_server(name: str, options: dict[str, str], work: Path, args: argparse.Na
             result["workloads"][workload] = summary
         if "rag-qa-quality" in args.workloads:
             result["quality_arms"] = run_quality_arms(name, server.url, served["id"], work, args)
-    result["server_log_blend_lines"] = [line for line in (work / f"{name}.log").read_text(errors="replace").splitlines()
-                                        if "blended request" in line][-40:]
+    result["server_log_blend_lines"] = blend_lines(work / f"{name}.log")[-40:]
     return result
+
+
+def blend_lines(log: Path) -> list[str]:
+    """The server's per-request blend log lines, in order."""
+    return [line for line in log.read_text(errors="replace").splitlines() if "blended request" in line]
 
 
 def compare(doc: dict) -> None:
