@@ -47,7 +47,7 @@ CONFIGS = {
     "epic": {"OPTION_LMCACHE_BLEND": "true", "OPTION_LMCACHE_BLEND_MODE": "epic"},
 }
 
-DATASET = REPO / "benchmarks" / "data" / "rag_qa_towns.jsonl"
+DATASET = REPO / "benchmarks" / "data" / "rag_qa_answerable.jsonl"  # benchmarks/rag_qa_dataset.py
 ARMS = {
     # rag-qa-quality arms per server: (cache salt, fields merged into every request body); each arm has
     # its own salt, so it reuses only the KV its own warm-up stored. "fresh": a new salt per request
@@ -272,23 +272,32 @@ def quality_table(doc: dict) -> dict:
     return rows
 
 
-def plot_quality(rows: dict, name: str) -> Path:
+def plot_quality(rows: dict, name: str, dataset: Path = DATASET) -> Path:
+    """Per arm: LMCache's token F1 of the whole answer, the share of answers holding the gold one,
+    and the share identical to the full prefill's (x 100), with the arm's mean TTFT."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
     arms = list(rows)
-    bars = ax.bar(range(len(arms)), [100 * rows[a]["f1_mean"] for a in arms], color="tab:blue")
-    for bar, arm in zip(bars, arms):
-        ax.annotate(f"{100 * rows[arm]['f1_mean']:.1f}\n{rows[arm]['ttft_mean_s']:.2f} s", (bar.get_x() + bar.get_width() / 2,
-                    bar.get_height()), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("mean token F1 x 100 (LMCache's best_f1, whole answer)")
-    ax.set_ylim(0, 115)
-    ax.set_title("lmcache bench engine --workload rag-qa-quality (benchmarks/data/rag_qa_towns.jsonl); "
-                 "label: F1, TTFT mean", fontsize=8)
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(arms)), 4.2))
+    series = (("f1_mean", "token F1", "tab:blue"), ("contains_rate", "gold answer contained", "tab:green"),
+              ("identical_to_full_prefill", "identical to full prefill", "tab:gray"))
+    width = 0.27
+    for k, (key, label, colour) in enumerate(series):
+        xs = [i + (k - 1) * width for i in range(len(arms))]
+        bars = ax.bar(xs, [100 * rows[a].get(key, 0.0) for a in arms], width, label=label, color=colour)
+        for bar in bars:
+            ax.annotate(f"{bar.get_height():.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(arms)), [f"{a}\n{rows[a]['ttft_mean_s']:.2f} s" for a in arms], fontsize=7)
+    ax.set_ylabel("score x 100")
+    ax.set_ylim(0, 118)
+    ax.legend(fontsize=7, loc="upper right")
+    samples = max((rows[a]["samples"] for a in arms), default=0)
+    ax.set_title(f"lmcache bench engine --workload rag-qa-quality ({dataset.name}, {samples} questions); "
+                 "under each arm: TTFT mean", fontsize=8)
     fig.tight_layout()
     out = RESULTS / f"{name}.png"
     fig.savefig(out, dpi=110)
@@ -301,7 +310,7 @@ def main() -> int:
                     choices=["long-doc-permutator", "long-doc-qa", "rag-qa-quality"])
     ap.add_argument("--arms", nargs="*", default=None, help="rag-qa-quality arms to run (default: every arm of ARMS)")
     ap.add_argument("--rag-dataset", type=Path, default=DATASET)
-    ap.add_argument("--rag-samples", type=int, default=16)
+    ap.add_argument("--rag-samples", type=int, default=24)
     ap.add_argument("--rag-max-output", type=int, default=24)
     ap.add_argument("--epic-tokens", type=int, default=None, help="option.lmcache_blend_epic_tokens of the epic server")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
@@ -352,7 +361,7 @@ def main() -> int:
             print(save(f"{args.name}_quality", {"machine": doc["machine"], "load_average_at_start": doc["load_average_at_start"],
                                                  "load_average_at_end": doc["load_average_at_end"], "args": doc["args"],
                                                  "arms": quality}))
-            print(plot_quality(quality, f"{args.name}_quality"))
+            print(plot_quality(quality, f"{args.name}_quality", args.rag_dataset))
     return 0
 
 
