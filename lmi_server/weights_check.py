@@ -1,0 +1,26 @@
+"""Safetensors headers read before the engine starts: a truncated or corrupt weights file of a
+local model directory fails the start in a second, in this process, with the same one-line cause
+(`startup_failure`: weights_corrupt) as when vLLM's engine process finds it while loading, instead
+of after an engine start (worker processes, memory, minutes on a big model) that is bound to fail.
+
+Only the headers are read (safetensors checks that they describe a file of exactly this size); a
+model that is not a local directory (a hub id vLLM downloads itself) is left to vLLM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def check_local_weights(model: str | None) -> int:
+    """Raise safetensors' own SafetensorError for the first `*.safetensors` file of the model
+    directory whose header does not describe the file; the number of files checked."""
+    if not model or not Path(model).is_dir():
+        return 0
+    from safetensors import safe_open
+
+    files = sorted(Path(model).glob("*.safetensors"))
+    for path in files:
+        with safe_open(str(path), framework="pt"):
+            pass
+    return len(files)
