@@ -21,10 +21,11 @@ that several modules need; a test that ends its server takes one over at the end
 
 Servers of their own (their properties conflict with every shared one): the two EAGLE assistants
 and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the KV-blending server
-(test_blend.py, vLLM's prefix cache on), the embeddings model, the corrupt-weights start
-(test_lifecycle.py), `make serve` exactly as the README runs it, the S3-loaded TGI deployment, the
-vision model with and without LMCache (test_vision.py: its prefix-cache check needs vLLM's prefix
-cache on, its LMCache check needs it off) and the two scale-out replicas behind vllm-router."""
+(test_blend.py, vLLM's prefix cache on), the embeddings model, `make serve` exactly as the README
+runs it, the S3-loaded TGI deployment, the vision model with LMCache beside vLLM's prefix cache
+(test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
+the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
+server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py)."""
 
 from __future__ import annotations
 
