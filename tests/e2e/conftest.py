@@ -18,11 +18,12 @@ that several modules need; a test that ends its server takes one over at the end
   test_tenants.py).
 - `lmi_dir`: an LMI user's model directory (formatters, handle, adapters fine-tuned from the hub
   id) with a 128-token context (test_lmi_dropin.py, then test_fuzz.py).
+- `blend_server`: the demo model downloaded from S3 at start-up, with option.tgi_compat, LMCache's
+  KV blending and vLLM's prefix cache on (test_blend.py, then test_s3_model.py).
 
 Servers of their own (their properties conflict with every shared one): the two EAGLE assistants
-and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the KV-blending server
-(test_blend.py, vLLM's prefix cache on), the embeddings model, `make serve` exactly as the README
-runs it, the S3-loaded TGI deployment, the vision model with LMCache beside vLLM's prefix cache
+and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the embeddings model,
+`make serve` exactly as the README runs it, the vision model with LMCache beside vLLM's prefix cache
 (test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
 the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
 server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py)."""
@@ -40,6 +41,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.s3 import moto_s3  # noqa: F401 - a fixture (blend_server)
 from tests.support.server import DEMO_PROPS, REPO, ServerProcess, free_port, running_server, server_env, write_properties
 
 BASE_PROPS = {
@@ -77,9 +79,10 @@ FOLLOWS = {
     "test_front_doors.py": "test_assistant_kit.py",
     "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
     "test_tenants.py": "test_security.py",
+    "test_s3_model.py": "test_blend.py",
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
-SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir")
+SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir", "blend_server")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -358,3 +361,36 @@ def lmi_dir(tmp_path_factory):
     props = {**BASE_PROPS, **LORA_PROPS, "option.max_model_len": "128", "option.max_rolling_batch_size": "16"}
     with running_server(model_dir, props) as proc:
         yield proc
+
+
+S3_MODEL_URL = "s3://models/lmi-demo"  # its last component is the served name, as the test's clients use it
+
+
+@pytest.fixture(scope="session")
+def blend_server(tmp_path_factory, moto_s3):
+    """The demo model as a TGI client's deployment finds it in S3: uploaded to a real S3-protocol
+    server on loopback and downloaded at start-up (option.model_id=s3://models/lmi-demo, the
+    standard AWS variables in the server's environment), option.tgi_compat=true
+    (tests/e2e/test_s3_model.py); with LMCache's KV blending beside vLLM's prefix cache
+    (option.lmcache_blend=true, tests/e2e/test_blend.py). The S3 facts the test checks are set on
+    it: `s3_url`, `s3_keys` (uploaded), `s3_source` (the directory uploaded), `s3_env`."""
+    from lmi_server.demo.builder import ensure_demo_model
+    from tests.support.s3 import s3_environment, upload_dir
+
+    work = tmp_path_factory.mktemp("s3-blend")
+    source = ensure_demo_model(work / "demo-src")  # the project's own tiny model, as lmi-demo resolves it
+    keys = upload_dir(moto_s3, "models", "lmi-demo", source, multipart_bytes=8 * 2**20)
+    model_dir = work / "model-dir"
+    model_dir.mkdir()
+    (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
+    props = {**BASE_PROPS, "option.model_id": S3_MODEL_URL, "option.tgi_compat": "true",
+             "option.lmcache_config_file": "lmcache.yaml", "option.lmcache_blend": "true"}
+    write_properties(model_dir, props)
+    env = s3_environment(moto_s3, work / "cache")  # as from a container's environment
+    proc = ServerProcess(model_dir, model_dir / "server.log", env={**server_env(), **env}).start()
+    proc.s3_url, proc.s3_keys, proc.s3_source, proc.s3_env = S3_MODEL_URL, keys, source, env
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
