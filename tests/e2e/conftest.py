@@ -2,8 +2,9 @@
 that several modules need; a test that ends its server takes one over at the end of its life.
 
 - `server` (also named `lora`): the demo model with the tool-calling options, LoRA on and the
-  example adapters (tests/e2e/test_api.py, test_lora.py, test_tools.py, test_speculative.py's
-  reference, ...). Modules before test_lora.py name no existing adapter: it checks their fresh state.
+  example adapters, a batch of eight (tests/e2e/test_api.py, test_lora.py, test_tools.py,
+  test_speculative.py's reference, test_adapter_tenants.py's flood, ...). Modules before
+  test_lora.py name no existing adapter: it checks their fresh state.
   The concurrent fuzzer reuses it after everything else, then test_lifecycle.py's SIGTERM drain ends it.
 - `busy_server`: the demo model with LoRA off, one sequence at a time and a queue of one
   (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py).
@@ -80,6 +81,7 @@ FOLLOWS = {
     "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
     "test_tenants.py": "test_security.py",
     "test_s3_model.py": "test_blend.py",
+    "test_adapter_tenants.py": "test_lora.py",  # it loads adapters whose fresh state test_lora.py checks
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
 SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir", "blend_server")
@@ -135,7 +137,10 @@ def server(tmp_path_factory):
         "@output_formatter\ndef refuse(response):\n    raise ValueError('formatter refused ' + repr(str(response)[:5]))\n"
     )
     # the drain test (tests/e2e/test_lifecycle.py, last) needs a drain that outlasts its long streams
-    props = {**BASE_PROPS, **LORA_PROPS, "option.adapters_path": str(root), "option.graceful_shutdown_timeout": "300"}
+    # a batch of eight (plus fair admission's two reserved slots): small enough for a flood of one
+    # adapter to queue (tests/e2e/test_adapter_tenants.py), as many as the concurrent fuzzer sends
+    props = {**BASE_PROPS, **LORA_PROPS, "option.adapters_path": str(root), "option.graceful_shutdown_timeout": "300",
+             "option.max_num_seqs": "8"}
     with running_server(model_dir, props, adapter_root=root, shm_before=set(os.listdir("/dev/shm"))) as proc:
         yield proc
 
