@@ -27,7 +27,12 @@ and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the em
 `make serve` exactly as the README runs it, the vision model with LMCache beside vLLM's prefix cache
 (test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
 the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
-server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py)."""
+server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py).
+Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and the three starts of
+test_kv_restart.py (seed, restart, another dtype with LoRA, on one cache directory).
+
+Engine starts in the whole suite, tests/e2e/test_containers.py apart: 19, the 7 shared servers
+above and 12 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py)."""
 
 from __future__ import annotations
 
