@@ -2,6 +2,7 @@
 cause the start-up diagnosis names (weights_corrupt); whole files and hub ids pass."""
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -56,3 +57,15 @@ def test_the_owner_fails_the_start_before_building_an_engine(tmp_path, monkeypat
     assert owner.state.status == "failed"
     assert owner.state.failure.name == "weights_corrupt"
     assert "the model's weights are corrupt or truncated" in owner.state.error
+
+
+def test_with_an_index_only_the_files_it_names_are_checked(tmp_path):
+    """A stray file vLLM does not load (named by no index entry) cannot fail a start it would survive."""
+    d = model_dir(tmp_path, truncate=True)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors"}}))
+    assert check_local_weights(str(d)) == 1
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(Exception) as raised:
+        check_local_weights(str(d))
+    assert type(raised.value).__name__ == "SafetensorError"
