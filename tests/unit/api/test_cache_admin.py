@@ -5,7 +5,6 @@ and behind the API key."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import httpx
 
