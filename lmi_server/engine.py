@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from lmi_server import engine_launcher, response_store, startup_failure
+from lmi_server import engine_launcher, response_store, startup_failure, weights_check
 from lmi_server.config import host
 from lmi_server.config.model_kind import check_engine_kind
 from lmi_server.config.schema import ServingConfig
@@ -210,6 +210,8 @@ class EngineOwner:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # A truncated weights file fails here in a second, not after an engine start bound to fail.
+        await asyncio.to_thread(weights_check.check_local_weights, self.engine_args.get("model"))
         if self.cache_server is not None and not self._cache_started:
             # Once: its supervisor restarts it if it dies, and a rebuilt engine reconnects to it.
             await self.cache_server.start_async()

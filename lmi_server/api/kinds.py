@@ -69,6 +69,12 @@ def _tokenize() -> APIRouter:
     return router
 
 
+def _cache_admin() -> APIRouter:
+    from lmi_server.api.cache_admin import router
+
+    return router
+
+
 def _metrics() -> APIRouter:
     from lmi_server.api.metrics_route import router
 
@@ -85,6 +91,7 @@ ROUTERS: dict[str, Callable[[], APIRouter]] = {
     "responses": _responses,
     "anthropic": _anthropic,
     "tokenize": _tokenize,
+    "cache_admin": _cache_admin,
 }
 """Front doors by the name the route table gives them."""
 

@@ -92,6 +92,7 @@ ROUTES: tuple[Route, ...] = (
     _embed("/v2/rerank"),
     # the server's own
     Route("/metrics", ("GET",), "metrics"),
+    Route("/reset_prefix_cache", ("POST",), "cache_admin"),
     *_adapters("/adapters"),
     *_adapters("/models/{model}/adapters"),
 )

@@ -2,8 +2,9 @@
 that several modules need; a test that ends its server takes one over at the end of its life.
 
 - `server` (also named `lora`): the demo model with the tool-calling options, LoRA on and the
-  example adapters (tests/e2e/test_api.py, test_lora.py, test_tools.py, test_speculative.py's
-  reference, ...). Modules before test_lora.py name no existing adapter: it checks their fresh state.
+  example adapters, a batch of eight (tests/e2e/test_api.py, test_lora.py, test_tools.py,
+  test_speculative.py's reference, test_adapter_tenants.py's flood, ...). Modules before
+  test_lora.py name no existing adapter: it checks their fresh state.
   The concurrent fuzzer reuses it after everything else, then test_lifecycle.py's SIGTERM drain ends it.
 - `busy_server`: the demo model with LoRA off, one sequence at a time and a queue of one
   (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py).
@@ -18,13 +19,20 @@ that several modules need; a test that ends its server takes one over at the end
   test_tenants.py).
 - `lmi_dir`: an LMI user's model directory (formatters, handle, adapters fine-tuned from the hub
   id) with a 128-token context (test_lmi_dropin.py, then test_fuzz.py).
+- `blend_server`: the demo model downloaded from S3 at start-up, with option.tgi_compat, LMCache's
+  KV blending and vLLM's prefix cache on (test_blend.py, then test_s3_model.py).
 
 Servers of their own (their properties conflict with every shared one): the two EAGLE assistants
-and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the KV-blending server
-(test_blend.py, vLLM's prefix cache on), the embeddings model, the corrupt-weights start
-(test_lifecycle.py), `make serve` exactly as the README runs it, the S3-loaded TGI deployment, the
-vision model with and without LMCache (test_vision.py: its prefix-cache check needs vLLM's prefix
-cache on, its LMCache check needs it off) and the two scale-out replicas behind vllm-router."""
+and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the embeddings model,
+`make serve` exactly as the README runs it, the vision model with LMCache beside vLLM's prefix cache
+(test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
+the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
+server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py).
+Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and the three starts of
+test_kv_restart.py (seed, restart, another dtype with LoRA, on one cache directory).
+
+Engine starts in the whole suite, tests/e2e/test_containers.py apart: 19, the 7 shared servers
+above and 12 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.s3 import moto_s3  # noqa: F401 - a fixture (blend_server)
 from tests.support.server import DEMO_PROPS, REPO, ServerProcess, free_port, running_server, server_env, write_properties
 
 BASE_PROPS = {
@@ -76,9 +85,11 @@ FOLLOWS = {
     "test_front_doors.py": "test_assistant_kit.py",
     "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
     "test_tenants.py": "test_security.py",
+    "test_s3_model.py": "test_blend.py",
+    "test_adapter_tenants.py": "test_lora.py",  # it loads adapters whose fresh state test_lora.py checks
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
-SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir")
+SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir", "blend_server")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -131,7 +142,10 @@ def server(tmp_path_factory):
         "@output_formatter\ndef refuse(response):\n    raise ValueError('formatter refused ' + repr(str(response)[:5]))\n"
     )
     # the drain test (tests/e2e/test_lifecycle.py, last) needs a drain that outlasts its long streams
-    props = {**BASE_PROPS, **LORA_PROPS, "option.adapters_path": str(root), "option.graceful_shutdown_timeout": "300"}
+    # a batch of eight (plus fair admission's two reserved slots): small enough for a flood of one
+    # adapter to queue (tests/e2e/test_adapter_tenants.py), as many as the concurrent fuzzer sends
+    props = {**BASE_PROPS, **LORA_PROPS, "option.adapters_path": str(root), "option.graceful_shutdown_timeout": "300",
+             "option.max_num_seqs": "8"}
     with running_server(model_dir, props, adapter_root=root, shm_before=set(os.listdir("/dev/shm"))) as proc:
         yield proc
 
@@ -357,3 +371,36 @@ def lmi_dir(tmp_path_factory):
     props = {**BASE_PROPS, **LORA_PROPS, "option.max_model_len": "128", "option.max_rolling_batch_size": "16"}
     with running_server(model_dir, props) as proc:
         yield proc
+
+
+S3_MODEL_URL = "s3://models/lmi-demo"  # its last component is the served name, as the test's clients use it
+
+
+@pytest.fixture(scope="session")
+def blend_server(tmp_path_factory, moto_s3):
+    """The demo model as a TGI client's deployment finds it in S3: uploaded to a real S3-protocol
+    server on loopback and downloaded at start-up (option.model_id=s3://models/lmi-demo, the
+    standard AWS variables in the server's environment), option.tgi_compat=true
+    (tests/e2e/test_s3_model.py); with LMCache's KV blending beside vLLM's prefix cache
+    (option.lmcache_blend=true, tests/e2e/test_blend.py). The S3 facts the test checks are set on
+    it: `s3_url`, `s3_keys` (uploaded), `s3_source` (the directory uploaded), `s3_env`."""
+    from lmi_server.demo.builder import ensure_demo_model
+    from tests.support.s3 import s3_environment, upload_dir
+
+    work = tmp_path_factory.mktemp("s3-blend")
+    source = ensure_demo_model(work / "demo-src")  # the project's own tiny model, as lmi-demo resolves it
+    keys = upload_dir(moto_s3, "models", "lmi-demo", source, multipart_bytes=8 * 2**20)
+    model_dir = work / "model-dir"
+    model_dir.mkdir()
+    (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
+    props = {**BASE_PROPS, "option.model_id": S3_MODEL_URL, "option.tgi_compat": "true",
+             "option.lmcache_config_file": "lmcache.yaml", "option.lmcache_blend": "true"}
+    write_properties(model_dir, props)
+    env = s3_environment(moto_s3, work / "cache")  # as from a container's environment
+    proc = ServerProcess(model_dir, model_dir / "server.log", env={**server_env(), **env}).start()
+    proc.s3_url, proc.s3_keys, proc.s3_source, proc.s3_env = S3_MODEL_URL, keys, source, env
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()

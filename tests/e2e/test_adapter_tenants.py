@@ -4,10 +4,10 @@ for engine slots while another adapter's requests are admitted ahead of the floo
 and the flood still gets all of its work done. Timing ratios are the benchmark's
 (`benchmarks/fairness.py --tenants adapters`), not asserted here.
 
-Its own server: no shared one (tests/e2e/conftest.py) runs a batch small enough for a flood to
-queue in front of it (the demo `server` and `assistant_with_lora` keep vLLM's default batch). The
-demo model with LoRA on and its example adapters, a batch of two (plus the two reserved slots that
-fair admission adds for other tenants).
+The session's demo server (`lora`, tests/e2e/conftest.py): LoRA on with its example adapters and
+a batch of eight (option.max_num_seqs, plus the two reserved slots that fair admission adds for
+other tenants), small enough for a flood of thirty to queue. It runs right after
+tests/e2e/test_lora.py, which checks the adapters' state before any module loads them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import BASE_PROPS, LORA_PROPS, _adapters_for
-from tests.support.server import ServerProcess, running_server
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -29,16 +28,9 @@ FLOOD_SIZE = 30
 
 
 @pytest.fixture(scope="module")
-def lora_server(tmp_path_factory):
-    from lmi_server.demo.builder import ensure_demo_model
-
-    model_dir = tmp_path_factory.mktemp("adapter-tenants")
-    root = model_dir / "adapters"
-    root.mkdir()
-    _adapters_for(ensure_demo_model(), root)
-    props = {**BASE_PROPS, **LORA_PROPS, "option.adapters_path": str(root), "option.max_num_seqs": "2"}
-    with running_server(model_dir, props) as proc:
-        yield proc
+def lora_server(lora):
+    """The shared demo server, named for what this module needs of it: LoRA and a small batch."""
+    return lora
 
 
 def series(server: ServerProcess, name: str, **labels: str) -> float:

@@ -5,7 +5,11 @@ documents are stored; the same documents in another order are then blended: the 
 their tokens as cached and /metrics counts them. With every reused token recomputed (ratio 1 for
 one request) the blended path answers exactly as a full prefill of the same prompt; the full
 prefill is the same prompt under another cache salt, which no stored document matches. vLLM's
-prefix cache is on: a blend keeps the prompt head it holds."""
+prefix cache is on: a blend keeps the prompt head it holds.
+
+The server is the session's `blend_server` (tests/e2e/conftest.py): the demo model downloaded from
+S3 with option.tgi_compat (tests/e2e/test_s3_model.py, right after this module), which changes
+nothing on /v1/completions."""
 
 from __future__ import annotations
 
@@ -15,9 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import BASE_PROPS
 from tests.e2e.test_api import metric_value
-from tests.support.server import ServerProcess, server_env, write_properties
 
 SEP = " # # "
 
@@ -30,20 +32,6 @@ def documents() -> list[str]:
 def prompt(order: list[int]) -> str:
     docs = documents()
     return "".join(SEP + docs[i] for i in order) + SEP + "def parse_known_args(self, args=None"
-
-
-@pytest.fixture(scope="module")
-def blend_server(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("blend-model")
-    (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
-    props = {**BASE_PROPS, "option.lmcache_config_file": "lmcache.yaml", "option.lmcache_blend": "true"}
-    write_properties(model_dir, props)
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
 
 
 def metrics(server) -> str:

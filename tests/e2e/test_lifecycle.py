@@ -237,7 +237,8 @@ def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(server):
 
 
 def test_corrupt_weights_end_the_process_with_one_line_naming_the_cause(tmp_path):
-    """A fatal start failure ends the process (non-zero) instead of answering /ping 503 forever."""
+    """A fatal start failure ends the process (non-zero) instead of answering /ping 503 forever;
+    a truncated weights file is found from its header before any engine process is started."""
     from lmi_server.demo.builder import ensure_demo_model
 
     model = tmp_path / "model"
@@ -255,8 +256,9 @@ def test_corrupt_weights_end_the_process_with_one_line_naming_the_cause(tmp_path
     finally:
         server.stop()
     assert code == START_FAILED_EXIT_CODE, server.log_tail()
-    ours = [line for line in server.log_path.read_text(errors="replace").splitlines()
-            if re.match(r"^\S+ \S+ ERROR lmi_server", line)]
+    log = server.log_path.read_text(errors="replace")
+    assert "Initializing a V1 LLM engine" not in log and "(EngineCore" not in log, server.log_tail()
+    ours = [line for line in log.splitlines() if re.match(r"^\S+ \S+ ERROR lmi_server", line)]
     assert len(ours) == 1, ours
     assert "the model's weights are corrupt or truncated" in ours[0] and "SafetensorError" in ours[0], ours
     assert "fix: copy or download the model again" in ours[0] and f"exiting with code {START_FAILED_EXIT_CODE}" in ours[0]

@@ -3,7 +3,11 @@ trained by scripts/train_tiny_vlm.py): pictures it never saw during training are
 through the official openai client and LMI's /invocations; hostile image inputs each get a 4xx and
 the server keeps serving; nothing is fetched for a client from a host the operator did not allow
 (a loopback server records every call); and KV is never shared between two pictures asked the same
-question, neither in vLLM's prefix cache nor in LMCache, while the same picture and text is a hit."""
+question, neither in vLLM's prefix cache nor in LMCache, while the same picture and text is a hit.
+
+One server: LMCache's cache server beside vLLM's prefix cache (on, as by default); the LMCache
+check empties vLLM's prefix cache before each request (POST /reset_prefix_cache), so that the
+cached tokens it reads are LMCache's hits alone."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import io
 import struct
 import sys
 import threading
+import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +40,9 @@ PROPS = {
 # A system prompt long enough that the picture's tokens fall inside a full vLLM block (128 tokens
 # on CPU) and a full LMCache chunk (256): 267 prompt tokens with the picture at about 220-240.
 SYSTEM = "You answer questions about one figure in a picture. " * 5
+# The same length in tokens, other chunk keys: the LMCache check starts with nothing of the prefix
+# cache check's chunks (its pictures) stored.
+OTHER_SYSTEM = "Now answer questions about one figure in a picture. " * 5
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +102,11 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("vision-model"), PROPS) as proc:
+    """The vision model with LMCache's cache server (256-token chunks on CPU) and vLLM's prefix
+    cache on."""
+    model_dir = tmp_path_factory.mktemp("vision-model")
+    (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
+    with running_server(model_dir, {**PROPS, "option.lmcache_config_file": "lmcache.yaml"}) as proc:
         yield proc
 
 
@@ -255,21 +267,35 @@ def test_one_hundred_images_in_one_prompt(server, held_out, tv):
 # ---------------------------------------------------------------------------------------------
 
 
-def two_pictures(server, held_out, tv):
+def two_pictures(server, held_out, tv, system: str = SYSTEM, cold: bool = False):
     """`ask("red")` / `ask("blue")`: the long system prompt and one question about a held-out red
-    circle or blue square; answers (text, prompt tokens, cached tokens)."""
+    circle or blue square; answers (text, prompt tokens, cached tokens). `cold`: vLLM's prefix
+    cache emptied before each request (what is cached then comes from LMCache)."""
     urls = {colour: data_url(png(tv.draw(pick(held_out, colour, shape)))) for colour, shape in (("red", "circle"), ("blue", "square"))}
 
     def ask(colour: str) -> tuple[str, int, int]:
-        return answer_and_cached(server, messages(urls[colour], "Describe the figure.", SYSTEM))
+        if cold:
+            reset_prefix_cache(server)
+        return answer_and_cached(server, messages(urls[colour], "Describe the figure.", system))
 
     return ask
 
 
+def reset_prefix_cache(server, timeout: float = 60) -> None:
+    """Empty vLLM's prefix cache (a 409 while a KV store still holds blocks: try again)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.post(server.base_url + "/reset_prefix_cache", timeout=30)
+        if r.status_code != 409 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert r.status_code == 200 and r.json() == {"success": True}, r.text
+
+
 def test_prefix_cache_never_shares_kv_between_pictures(server, held_out, tv):
-    """vLLM's prefix cache (on by default, LMCache off here): the same long system prompt and
-    question with another picture reuses only the block before the picture; the same picture and
-    text again reuses every full block, and answers as it did."""
+    """vLLM's prefix cache (on by default): the same long system prompt and question with another
+    picture reuses only the block before the picture (LMCache's one chunk holds the picture: no
+    hit there); the same picture and text again reuses every full block, and answers as it did."""
     ask = two_pictures(server, held_out, tv)
     first, prompt_tokens, cached0 = ask("red")
     assert prompt_tokens >= 256 and cached0 == 0
@@ -281,21 +307,11 @@ def test_prefix_cache_never_shares_kv_between_pictures(server, held_out, tv):
     assert "red" in again
 
 
-@pytest.fixture(scope="module")
-def lmcache_server(tmp_path_factory):
-    """The same model with LMCache's cache server (256-token chunks on CPU) and vLLM's prefix
-    cache off, so cached_tokens counts LMCache hits only."""
-    model_dir = tmp_path_factory.mktemp("vision-lmcache")
-    (model_dir / "lmcache.yaml").write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n")
-    props = {**PROPS, "option.lmcache_config_file": "lmcache.yaml", "option.enable_prefix_caching": "false"}
-    with running_server(model_dir, props) as proc:
-        yield proc
-
-
-def test_lmcache_never_shares_kv_between_pictures(lmcache_server, held_out, tv):
+def test_lmcache_never_shares_kv_between_pictures(server, held_out, tv):
     """LMCache's chunk keys carry the picture: another picture with the same text is a miss, the
-    same picture and text a 256-token hit with the same answer."""
-    ask = two_pictures(lmcache_server, held_out, tv)
+    same picture and text a 256-token hit with the same answer. vLLM's prefix cache is emptied
+    before each request, so cached_tokens counts LMCache hits only."""
+    ask = two_pictures(server, held_out, tv, system=OTHER_SYSTEM, cold=True)
     first, prompt_tokens, cached0 = ask("red")
     assert prompt_tokens >= 256 and cached0 == 0
     other, _, cached_other = ask("blue")
@@ -305,6 +321,6 @@ def test_lmcache_never_shares_kv_between_pictures(lmcache_server, held_out, tv):
     assert cached_again == 256 and again == first
     other_again, _, cached_other_again = ask("blue")
     assert cached_other_again == 256 and other_again == other
-    metrics = httpx.get(lmcache_server.base_url + "/metrics", timeout=30).text
+    metrics = httpx.get(server.base_url + "/metrics", timeout=30).text
     hits = [line for line in metrics.splitlines() if line.startswith("vllm:external_prefix_cache_hits_total")]
     assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 512
