@@ -407,6 +407,28 @@ def _send(server, path, body):
     return r.status_code, r.text
 
 
+def carries_error(text: str) -> bool:
+    """Whether a 200 answer (one JSON document, JSON lines or server-sent events) holds an error
+    object: a top-level "error" key, not the word in generated text."""
+    pieces = [text] + [line.removeprefix("data:").strip() for line in text.splitlines()]
+    for piece in pieces:
+        try:
+            doc = json.loads(piece)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "error" in doc:
+            return True
+    return False
+
+
+def test_carries_error_reads_error_objects_not_generated_words():
+    assert carries_error('{"error": {"message": "boom"}}')
+    assert carries_error('data: {"id": 1}\n\ndata: {"error": {"message": "boom"}}\n\n')
+    assert carries_error('{"token": {"text": "a"}}\n{"error": "boom"}\n')
+    assert not carries_error('{"generated_text": "\\nprint(\\"if error\\")", "details": {}}')
+    assert not carries_error('data: {"choices": [{"text": "error"}]}\n\ndata: [DONE]\n\n')
+
+
 def test_prompt_logprobs_beside_other_requests_keep_the_engine_alive(lora):
     """vLLM 0.32 on CPU kills its engine computing prompt log-probabilities for a step of more than
     one request with LoRA on: each such request now prefills alone; n > 1 is a 400."""
@@ -417,7 +439,7 @@ def test_prompt_logprobs_beside_other_requests_keep_the_engine_alive(lora):
         assert status == expected, (path, body, status, text[:300])
         if expected == 400:
             assert "option.enable_lora" in text and "n=2" in text, text
-        elif "error" in text[:40]:
+        elif carries_error(text):
             raise AssertionError((path, body, text[:300]))
     prefilled = json.loads(answers[0][1])["details"]["prefill"]
     assert len(prefilled) > 3 and all(t["log_prob"] is not None for t in prefilled[1:])

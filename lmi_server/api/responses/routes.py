@@ -83,10 +83,23 @@ def dumped(result: Any) -> Any:
     return result.model_dump(mode="json", by_alias=True)
 
 
+NULL_MEANS_DEFAULT = ("background", "truncation")
+"""Fields vLLM's ResponsesRequest accepts as null but copies into its ResponsesResponse, where null
+is invalid: a body sending `"background": null` made vLLM fail building the answer (a 500, found by
+the fuzzer). Null there means what leaving the field out means."""
+
+
+def defaults_for_nulls(parsed: Any) -> Any:
+    for name in NULL_MEANS_DEFAULT:
+        if getattr(parsed, name, 0) is None:
+            setattr(parsed, name, type(parsed).model_fields[name].default)
+    return parsed
+
+
 def parser(request: Request, headers: dict[str, str]):
     async def parse(body: Any) -> Generation:
         size = body_bytes(body)  # before validation, which may put objects in the body
-        parsed = parse_request(request_type(), adapters_field(body))
+        parsed = defaults_for_nulls(parse_request(request_type(), adapters_field(body)))
         state = engine_state(request)
         await check_parts(request, state, content_parts(parsed))
         headers.update(await output_budget.clamp(state.serving.openai_serving_responses, parsed, size, "max_output_tokens", prompt_tokens))

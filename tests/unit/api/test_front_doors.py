@@ -153,3 +153,18 @@ def test_detokenize_refuses_ids_outside_the_vocabulary():
     with pytest.raises(APIError) as refused:
         check_token_ids(SimpleNamespace(tokens=[5, 2**62]), state)
     assert refused.value.status == 400 and str(2**62) in refused.value.message
+
+
+def test_a_null_that_vllm_copies_into_its_response_means_the_default():
+    """`"background": null` / `"truncation": null` pass vLLM's request model but not its response
+    model (a 500 the fuzzer found): the Responses door reads them as left out."""
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
+
+    from lmi_server.api.responses.routes import NULL_MEANS_DEFAULT, defaults_for_nulls
+
+    parsed = defaults_for_nulls(ResponsesRequest.model_validate({"input": "hi", "background": None, "truncation": None}))
+    assert parsed.background is False and parsed.truncation == "disabled"
+    for name in NULL_MEANS_DEFAULT:  # still a field the response requires non-null
+        assert ResponsesResponse.model_fields[name].is_required()
+    kept = defaults_for_nulls(ResponsesRequest.model_validate({"input": "hi", "truncation": "auto"}))
+    assert kept.truncation == "auto" and kept.background is False
