@@ -136,6 +136,19 @@ async def call_serving(coro: Awaitable[Any], request: Request) -> Any:
     return result
 
 
+def content_part_kind(part: Any) -> str | None:
+    """What vLLM will read a content part as: its `type`, or, with no type (or with a `uuid`), the
+    first media field it carries (`video_url`, `image_embeds`, ...), by vLLM's own rule."""
+    if not isinstance(part, dict):
+        return None
+    from vllm.renderers.chat_utils import _parse_chat_message_content_mm_part
+
+    try:
+        return _parse_chat_message_content_mm_part(part)[0]
+    except Exception:  # a malformed part: vLLM's own 400 says what is wrong with it
+        return part.get("type")
+
+
 def reject_foreign_messages(parsed: Any, state: Any) -> None:
     """Image/audio/video parts for a text-only model are a 400 (vLLM raises a ValueError that would be
     a 500). vLLM's chat request type also validates OpenAI-Harmony `Message` objects (author, channel,
@@ -146,7 +159,7 @@ def reject_foreign_messages(parsed: Any, state: Any) -> None:
         for i, m in enumerate(messages):
             content = m.get("content") if isinstance(m, dict) else None
             for part in content if isinstance(content, list) else []:
-                kind = part.get("type") if isinstance(part, dict) else None
+                kind = content_part_kind(part)
                 if kind is not None and kind not in TEXT_PART_TYPES:
                     raise APIError(400, f"messages[{i}]: content of type {kind!r} needs a multimodal model; this model reads text")
     # Harmony's Message has an author; other typed messages (Anthropic's) are their front door's to check

@@ -47,7 +47,11 @@ async def _run(request: Request, request_type: Any, method: str):
     await check_request(request, parsed, state, generates=False)
     check_token_ids(parsed, state)
     serving = state.serving.serving_tokenization
-    return await send(request, await call_serving(getattr(serving, method)(parsed, request), request), lambda r: r.model_dump())
+    try:
+        result = await call_serving(getattr(serving, method)(parsed, request), request)
+    except ValueError as exc:  # vLLM's chat rendering refuses the messages (its chat route's 400)
+        raise APIError(400, f"messages could not be rendered: {exc}") from None
+    return await send(request, result, lambda r: r.model_dump())
 
 
 @router.post(TOKENIZE)

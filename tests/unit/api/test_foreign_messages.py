@@ -39,3 +39,16 @@ def test_media_parts_need_a_multimodal_model():
         reject_foreign_messages(parsed, engine_of("llama"))
     assert info.value.status == 400 and "'input_audio'" in info.value.message
     reject_foreign_messages(parsed, engine_of("qwen2_audio", multimodal=True))
+
+
+@pytest.mark.parametrize("part", [
+    {"video_url": {"url": "http://x/v.mp4"}},  # no type: vLLM reads the media field
+    {"type": "text", "text": "hi", "uuid": "u1", "image_embeds": None},  # a uuid: the same rule
+])
+def test_a_part_vllm_reads_as_media_by_its_fields_needs_a_multimodal_model(part):
+    """The fuzzer's 500: a part without a `type` but with a media field is media to vLLM."""
+    messages = [{"role": "user", "content": [part]}]
+    with pytest.raises(APIError) as info:
+        reject_foreign_messages(SimpleNamespace(messages=messages), engine_of("llama"))
+    assert info.value.status == 400 and "needs a multimodal model" in info.value.message
+    reject_foreign_messages(SimpleNamespace(messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]), engine_of("llama"))
