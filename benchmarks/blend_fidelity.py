@@ -19,6 +19,8 @@ chosen by K deviation):
                            alone (no other document before it)
   full prefill, bfloat16   no blending: the same full prefill and decode with the weights in
                            bfloat16 (their stored dtype): how far numeric precision alone moves answers
+  guided R                 the question-guided mode (`guided.guided_prefill`): the share R of reused
+                           tokens the question attends to most, no check layer (--sweep selection)
 
 Fact sets: `towns` (six alike documents, the one blend_rag.py serves) and `subjects` (six
 documents on different subjects). Reported per variant: answers identical to the reference, the
@@ -29,6 +31,7 @@ log-probability gap (small: the reference itself was nearly undecided there).
     python benchmarks/blend_fidelity.py --sweep ratios   # ratio 0 to 1: results/blend_fidelity_ratios.*
     python benchmarks/blend_fidelity.py --sweep precision   # 0.05 beside bf16: results/blend_fidelity_precision.*
     python benchmarks/blend_fidelity.py --sweep stored   # segment KV stored after the system prompt alone
+    python benchmarks/blend_fidelity.py --sweep selection   # the guided mode beside CacheBlend's selection
     python benchmarks/blend_fidelity.py --questions 4 --no-save
 """
 
@@ -62,17 +65,27 @@ VARIANTS = {  # name -> (segment KV, ratio, check layer, first tokens of each se
     "0.05, stored after the system prompt": ("prefixed", 0.05, 1, 0),
     "0.15, stored after the system prompt": ("prefixed", 0.15, 1, 0),
     "full prefill, bfloat16": ("bfloat16", None, None, 0),  # no blending: the weights' own dtype
+    "guided 0.15": ("context", 0.15, None, 0),
+    "guided 0.05, stored after the system prompt": ("prefixed", 0.05, None, 0),
+    "guided 0.15, stored after the system prompt": ("prefixed", 0.15, None, 0),
+    "guided 0.30, stored after the system prompt": ("prefixed", 0.30, None, 0),
 }
+GUIDED = {name for name in VARIANTS if name.startswith("guided")}
+"""Variants served by the question-guided mode (`guided.guided_prefill`): no check layer."""
 KNOBS = ["ratio 0", "ratio 0.05", "ratio 0.15", "ratio 0.30", "0.05, check layer 4", "0.05, first 16 recomputed",
          "0.05, stored alone"]
 RATIOS = ["ratio 0", "ratio 0.05", "ratio 0.15", "ratio 0.30", "ratio 0.50", "ratio 0.70", "ratio 1"]
 SETS = {"towns": KNOBS, "subjects": KNOBS[:4]}
 STORED = ["ratio 0.05", "0.05, stored after the system prompt", "ratio 0.15", "0.15, stored after the system prompt"]
 PRECISION = ["ratio 0.05", "full prefill, bfloat16"]
+SELECTION = ["ratio 0.15", "guided 0.15", "0.15, stored after the system prompt",
+             "guided 0.05, stored after the system prompt", "guided 0.15, stored after the system prompt",
+             "guided 0.30, stored after the system prompt"]
 SWEEPS = {  # --sweep: the result's name and which variants each fact set runs
     "knobs": ("blend_fidelity", SETS),
     **{sweep: (f"blend_fidelity_{sweep}", dict.fromkeys(SETS, variants))
-       for sweep, variants in (("ratios", RATIOS), ("stored", STORED), ("precision", PRECISION))},
+       for sweep, variants in (("ratios", RATIOS), ("stored", STORED), ("precision", PRECISION),
+                                   ("selection", SELECTION))},
 }
 
 
@@ -104,7 +117,7 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer,
     import torch
 
     from benchmarks.blend_rag import contains, messages, workload
-    from lmi_server.kvcache.blend import forward
+    from lmi_server.kvcache.blend import forward, guided
     from lmi_server.kvcache.blend.rope import RopeSpec, rerotate
     from lmi_server.kvcache.blend.segments import Separator, split_at_separator
 
@@ -182,7 +195,10 @@ def run_set(facts: str, variants: list[str], n_questions: int, model, tokenizer,
                                                 num_kv_heads=adapter.num_kv_heads, head_dim=adapter.head_dim)
             for start, _ in pieces:
                 reused[start : start + first] = False
-            result = forward.blend_prefill(adapter, ids, kv, reused, ratio=ratio, check_layer=check_layer)
+            if name in GUIDED:
+                result = guided.guided_prefill(adapter, ids, kv, reused, ratio=ratio)
+            else:
+                result = forward.blend_prefill(adapter, ids, kv, reused, ratio=ratio, check_layer=check_layer)
             seconds = time.perf_counter() - started
             tokens, _ = decode(torch, model, result.logits, result.kv, eos)
             row["variants"][name] = compare(tokens, ref_tokens, ref_gaps, q["gold"], seconds)

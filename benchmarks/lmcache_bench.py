@@ -43,8 +43,9 @@ from benchmarks.common import RESULTS, Server, free_port, machine, save  # noqa:
 
 CONFIGS = {
     "prefix": {},
-    "blend": {"OPTION_LMCACHE_BLEND": "true"},
+    "blend": {"OPTION_LMCACHE_BLEND": "true", "OPTION_LMCACHE_BLEND_MODE": "cacheblend"},
     "epic": {"OPTION_LMCACHE_BLEND": "true", "OPTION_LMCACHE_BLEND_MODE": "epic"},
+    "guided": {"OPTION_LMCACHE_BLEND": "true", "OPTION_LMCACHE_BLEND_MODE": "guided"},
 }
 
 DATASET = REPO / "benchmarks" / "data" / "rag_qa_answerable.jsonl"  # benchmarks/rag_qa_dataset.py
@@ -59,6 +60,9 @@ ARMS = {
     "epic": {"epic-default": ("epic", {}),
              "epic-8": ("epic-8", {"kv_transfer_params": {"lmi_blend_epic_tokens": 8}}),
              "epic-0": ("epic-0", {"kv_transfer_params": {"lmi_blend_epic_tokens": 0}})},
+    "guided": {"guided-0.15": ("guided-0.15", {}),
+               "guided-0.05": ("guided-0.05", {"kv_transfer_params": {"lmi_blend_recompute_ratio": 0.05}}),
+               "guided-0": ("guided-0", {"kv_transfer_params": {"lmi_blend_recompute_ratio": 0.0}})},
 }
 
 

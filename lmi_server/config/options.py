@@ -186,12 +186,14 @@ class LMCacheOptions(BaseModel):
         description="Share of the reused tokens whose KV deviates most at the check layer that option.lmcache_blend "
         "recomputes, besides every token of segments that missed and of the query (LMCache's `blend_recompute_ratios`).",
     )
-    lmcache_blend_mode: Literal["cacheblend", "epic"] = Field(
-        "cacheblend",
+    lmcache_blend_mode: Literal["cacheblend", "epic", "guided"] = Field(
+        "guided",
         description="How option.lmcache_blend picks the reused tokens to recompute: `cacheblend` (the share "
         "option.lmcache_blend_recompute_ratio of those whose KV deviates most at a check layer, which every token "
-        "not held exactly goes through first) or `epic` (the first option.lmcache_blend_epic_tokens tokens of each "
-        "run of reused tokens, no check layer: cheaper; see the README's CacheBlend section for speed and quality). "
+        "not held exactly goes through first), `epic` (the first option.lmcache_blend_epic_tokens tokens of each "
+        "run of reused tokens, no check layer: cheaper) or `guided` (the share option.lmcache_blend_recompute_ratio "
+        "of those the question attends to most, found by a pass of the tokens not reused; no check layer). See the "
+        "README's CacheBlend section for speed and quality. "
         "A request may name its own: `kv_transfer_params.lmi_blend_mode`.",
     )
     lmcache_blend_epic_tokens: int = Field(

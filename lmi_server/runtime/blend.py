@@ -11,6 +11,20 @@ from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.kvcache.plan import KVCachePlan
 
 
+def mode_reason(settings: Any, check_layer: int, where: dict) -> str:
+    """What the blend mode recomputes, and where its settings came from (the plan's reasons)."""
+    if settings.mode == "cacheblend":
+        return (f"CacheBlend mode ({where['mode']}): recompute {settings.recompute_ratio:g} of the reused tokens with "
+                f"the most deviating KV at layer {check_layer} ({where['recompute_ratio']}), plus every token of "
+                "missed segments and the query")
+    if settings.mode == "epic":
+        return (f"EPIC mode ({where['mode']}): recompute the first {settings.epic_tokens} tokens of each run of "
+                f"reused tokens ({where['epic_tokens']}), no check layer, plus every token of missed segments and the query")
+    return (f"guided mode ({where['mode']}): recompute {settings.recompute_ratio:g} of the reused tokens the question "
+            f"attends to most ({where['recompute_ratio']}), found by a first pass of the tokens not reused; no check "
+            "layer; plus every token of missed segments and the query")
+
+
 def blend_settings(cfg: ServingConfig):
     """The blend settings (option keys and the LMCache file's), without touching the engine."""
     from lmi_server.kvcache.blend.settings import resolve_blend_settings
@@ -87,11 +101,7 @@ def plan_blend(
         "reasons": [
             f"segments cut at {settings.separator!r} ({where['separator']}); each segment keyed by its own tokens, "
             f"per {chunk}-token chunk, whatever stands before it",
-            (f"recompute {settings.recompute_ratio:g} of the reused tokens with the most deviating KV at layer "
-             f"{support.check_layer} ({where['recompute_ratio']}), plus every token of missed segments and the query"
-             if settings.mode == "cacheblend" else
-             f"EPIC mode ({where['mode']}): recompute the first {settings.epic_tokens} tokens of each run of reused "
-             f"tokens ({where['epic_tokens']}), no check layer, plus every token of missed segments and the query"),
+            mode_reason(settings, support.check_layer, where),
             support.describe(),
             f"a prompt is blended when its cached segments cover >= {blend_config.min_reused_tokens} tokens; "
             f"segment KV kept in {blend_config.store_dir} (at most {opts.lmcache_blend_store_gb:g} GiB); "

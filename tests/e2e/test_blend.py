@@ -230,7 +230,43 @@ def test_the_epic_mode_answers_as_a_full_prefill_on_reordered_documents(blend_se
     assert recomputed() == before
 
 
+def test_the_guided_mode_recomputes_what_the_question_reads(blend_server):
+    """The same server, the question-guided mode per request: at ratio 1 the answer is the full
+    prefill's token for token; at the default ratio it recomputes the ratio's share of the reused
+    tokens (those the prompt's tail attends to most), no more; at ratio 0, none."""
+    docs = [d.strip("\n") for d in documents()]
+
+    def ask(order, salt="guided", **extra):
+        text = "Notes:\n\n" + "\n\n".join(docs[i] for i in order) + "\n\ndef parse_known_args(self, args=None"
+        return complete(blend_server, text, cache_salt=salt, **extra)
+
+    def recomputed():
+        return metric_value(metrics(blend_server), "lmi_blend_tokens_total", kind="recomputed")
+
+    def reused():
+        return metric_value(metrics(blend_server), "lmi_blend_tokens_total", kind="reused")
+
+    ask([0, 1, 2])
+    reference = ask([1, 0, 2], salt="guided-full-prefill")
+    blends = metric_value(metrics(blend_server), "lmi_blend_requests_total")
+    exact = ask([1, 0, 2], kv_transfer_params={"lmi_blend_mode": "guided", "lmi_blend_recompute_ratio": 1.0})
+    assert metric_value(metrics(blend_server), "lmi_blend_requests_total") == blends + 1  # blended
+    assert exact["choices"][0]["text"] == reference["choices"][0]["text"]
+
+    before, kept = recomputed(), reused()
+    cheap = ask([2, 0, 1], kv_transfer_params={"lmi_blend_mode": "guided"})
+    usage = cheap["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0.5 * usage["prompt_tokens"], usage
+    share = (recomputed() - before) / ((recomputed() - before) + (reused() - kept))
+    assert 0.10 <= share <= 0.20, share  # the default ratio, 0.15, of the reused tokens
+
+    before = recomputed()
+    ask([2, 1, 0], kv_transfer_params={"lmi_blend_mode": "guided", "lmi_blend_recompute_ratio": 0.0})
+    assert recomputed() == before
+
+
 @pytest.mark.parametrize("params,field", [({"lmi_blend_mode": "fastest"}, "lmi_blend_mode"),
+                                          ({"lmi_blend_mode": "guided", "lmi_blend_recompute_ratio": 2}, "lmi_blend_recompute_ratio"),
                                           ({"lmi_blend_epic_tokens": -1}, "lmi_blend_epic_tokens"),
                                           ({"lmi_blend_mode": "epic", "lmi_blend_epic_tokens": "all"}, "lmi_blend_epic_tokens")])
 def test_a_bad_blend_mode_is_a_400_naming_the_field(blend_server, params, field):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from lmi_server.kvcache.blend.modes import recomputed_count
+from lmi_server.kvcache.blend.modes import DEFAULT_MODE, recomputed_count
 from lmi_server.kvcache.blend.recompute import validate_ratio
 from lmi_server.kvcache.blend.segments import (
     DEFAULT_CHUNK_SIZE,
@@ -78,8 +78,9 @@ class BlendPlan:
     prefix: int = 0
     """Tokens `[0, prefix)` whose KV vLLM's prefix cache already holds in the request's blocks: kept
     as they are (exact here), neither loaded nor written; segments start at or after it."""
-    mode: str = "cacheblend"
-    """`cacheblend` (the ratio's share, picked at the check layer) or `epic` (`epic_tokens` per span)."""
+    mode: str = DEFAULT_MODE
+    """`cacheblend` (the ratio's share, picked at the check layer), `epic` (`epic_tokens` per span) or
+    `guided` (the ratio's share, picked by the question's attention)."""
     epic_tokens: int = 0
 
     @property
@@ -165,7 +166,7 @@ def plan_prompt(
     content: ContentCuts | None = None,
     exact: Callable[[Segment], bool] | None = None,
     prefix: int = 0,
-    mode: str = "cacheblend",
+    mode: str = DEFAULT_MODE,
     epic_tokens: int = 0,
 ) -> BlendPlan | None | _Pending:
     """The plan for `token_ids`, cut at the document `boundaries` the request gave, else at the

@@ -78,6 +78,28 @@ def token_deviation(
     return squared.sqrt()
 
 
+def query_attention(
+    q: torch.Tensor, k: torch.Tensor, query_positions: torch.Tensor, *, scale: float | None = None,
+) -> torch.Tensor:
+    """float32 [keys]: the attention mass the queries put on each key, summed over queries and heads.
+
+    q: [queries, heads, d] at `query_positions`; k: [keys, kv_heads, d] (grouped-query heads as in
+    `attend_selected`), causal by position. Given the prompt's tail (the question) as queries, it
+    says which reused tokens the question reads: their KV is what its answer is built from."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != query_positions.numel():
+        raise ValueError(f"q [queries, heads, d] with one position each and k [keys, kv_heads, d] expected; "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {query_positions.numel()} positions")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} KV heads")
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    keys = k.float().repeat_interleave(heads // kv_heads, dim=1)  # [keys, heads, d]
+    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
+    visible = causal_mask(query_positions.to(device=k.device, dtype=torch.long), k.shape[0])
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    return scores.softmax(dim=-1).sum(dim=(0, 1))
+
+
 def select_recompute(
     deviation: torch.Tensor, reused: torch.Tensor, ratio: float, exact: torch.Tensor | None = None,
 ) -> torch.Tensor:

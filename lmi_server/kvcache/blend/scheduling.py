@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmi_server.kvcache.blend.modes import DEFAULT_MODE
 from lmi_server.kvcache.blend.plan import BlendPlan, SegmentReuse, plan_prompt
 from lmi_server.kvcache.blend.segments import ContentCuts, ContextKeys, Separator, key_salt
 from lmi_server.kvcache.blend.settings import (
@@ -54,7 +55,7 @@ class BlendJob:
     """(start, length) of segments whose cached KV is exact here: kept, not recomputation candidates."""
     prefix: int = 0
     """Tokens at the prompt's head whose KV vLLM's prefix cache put in the blocks: read, kept, not written."""
-    mode: str = "cacheblend"
+    mode: str = DEFAULT_MODE
     """`cacheblend` (the ratio's share by deviation at the check layer) or `epic` (`epic_tokens` per span)."""
     epic_tokens: int = 0
 
@@ -169,7 +170,12 @@ class BlendScheduler:
         what it computes and recomputes), to weigh against what LMCache's prefix leaves to compute:
         a prompt whose prefix hit covers nearly everything is cheaper served as a prefix, whatever
         its segments."""
-        check = 0.0 if plan.mode == "epic" else plan.prompt_len * self.check_cost  # EPIC has no check layer
+        if plan.mode == "epic":
+            check = 0.0  # EPIC has no check layer
+        elif plan.mode == "guided":
+            check = float(plan.computed_tokens)  # no check layer: a first pass of the computed tokens
+        else:
+            check = plan.prompt_len * self.check_cost
         return check + plan.computed_tokens + plan.recomputed_tokens
 
     def stores_as_prefix(self, request_id: str) -> bool:

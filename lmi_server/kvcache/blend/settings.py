@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lmi_server.config.options import LMCacheOptions
+from lmi_server.kvcache.blend.modes import DEFAULT_MODE
 from lmi_server.kvcache.lmcache_file import LMCacheFileConfig
 from lmi_server.kvcache.plan import KVCacheConfigError
 
@@ -33,7 +34,7 @@ its documents start (then used instead of the separator)."""
 MAX_BOUNDARIES = 1024
 
 MODE_PARAM = "lmi_blend_mode"
-"""A request's own blend mode (`cacheblend` or `epic`), in its `kv_transfer_params`."""
+"""A request's own blend mode (`cacheblend`, `epic` or `guided`), in its `kv_transfer_params`."""
 EPIC_TOKENS_PARAM = "lmi_blend_epic_tokens"
 """A request's own EPIC token count (first tokens recomputed per reused span), in its `kv_transfer_params`."""
 
@@ -115,9 +116,10 @@ class BlendConfig:
     store_dir: str
     store_max_bytes: int
     model_identity: str
-    mode: str = "cacheblend"
-    """`cacheblend` (the check layer's deviation picks `recompute_ratio` of the reused tokens) or `epic`
-    (the first `epic_tokens` of each reused span, no check layer)."""
+    mode: str = DEFAULT_MODE
+    """`cacheblend` (the check layer's deviation picks `recompute_ratio` of the reused tokens), `epic`
+    (the first `epic_tokens` of each reused span, no check layer) or `guided` (the question's attention
+    picks `recompute_ratio` of them, no check layer)."""
     epic_tokens: int = 32
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,7 +136,7 @@ class BlendSettings:
     enabled: bool
     separator: str
     recompute_ratio: float
-    mode: str = "cacheblend"
+    mode: str = DEFAULT_MODE
     epic_tokens: int = 32
     sources: dict[str, str] = field(default_factory=dict)
     """setting -> where it came from (`option.lmcache_blend_separator`, the file's key, or `default`)."""

@@ -29,6 +29,7 @@ import torch
 
 from lmi_server.kvcache.blend import forward, paged
 from lmi_server.kvcache.blend.epic import epic_prefill
+from lmi_server.kvcache.blend.guided import guided_prefill
 from lmi_server.kvcache.blend.rope import RopeSpec, rerotate
 from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob, open_store
 from lmi_server.kvcache.blend.settings import BlendConfig
@@ -156,6 +157,9 @@ class BlendWorker:
         if job.mode == "epic":
             result = epic_prefill(adapter, job.token_ids, reused_kv, reused, tokens=job.epic_tokens,
                                   exact=exact & reused, overwrite_reused=True)
+        elif job.mode == "guided":
+            result = guided_prefill(adapter, job.token_ids, reused_kv, reused, ratio=job.recompute_ratio,
+                                    exact=exact & reused, overwrite_reused=True)
         else:
             result = forward.blend_prefill(adapter, job.token_ids, reused_kv, reused, ratio=job.recompute_ratio,
                                            check_layer=self.config.check_layer, exact=exact & reused,

@@ -184,7 +184,18 @@ def test_the_epic_mode_reaches_the_connector_and_the_plan(tmp_path):
     config = BlendConfig.from_extra_config(runtime.engine_args["kv_transfer_config"]["kv_connector_extra_config"])
     assert (config.mode, config.epic_tokens) == ("epic", 16)
     default = resolve_blend_settings(LMCacheOptions())
-    assert (default.mode, default.epic_tokens, default.sources["mode"]) == ("cacheblend", 32, "default")
+    assert (default.mode, default.epic_tokens, default.sources["mode"]) == ("guided", 32, "default")
+
+
+def test_the_default_guided_and_the_cacheblend_modes_say_what_they_recompute(tmp_path):
+    base = {"option.lmcache_config_file": "lmcache.yaml", "option.lmcache_blend": "true", "option.max_model_len": "1024"}
+    for extra, mode, words in (({}, "guided", "the question attends to most"),
+                               ({"option.lmcache_blend_mode": "cacheblend"}, "cacheblend", "most deviating KV at layer 1")):
+        runtime = resolve_runtime(build_serving_config({**base, **extra}, model_dir(tmp_path)), build_demo=False)
+        blend = runtime.describe()["lmcache_blend"]
+        assert blend["mode"] == mode and any(words in r for r in blend["reasons"]), blend["reasons"]
+        config = BlendConfig.from_extra_config(runtime.engine_args["kv_transfer_config"]["kv_connector_extra_config"])
+        assert config.mode == mode
 
 
 @pytest.mark.parametrize(

@@ -65,13 +65,14 @@ def test_ratio_one_through_vllms_modules_is_a_full_prefill(models):
 
 
 @pytest.mark.parametrize("ratio,mode,epic_tokens", [(1.0, "cacheblend", 0), (0.0, "cacheblend", 0), (1.0, "epic", 1000),
-                                                     (0.0, "epic", 0)])
+                                                     (0.0, "epic", 0), (1.0, "guided", 0), (0.0, "guided", 0)])
 def test_the_worker_blends_into_a_paged_cache_what_it_stored_from_one(models, tmp_path, ratio, mode, epic_tokens):
     """The engine path minus the engine: a prefill's KV in vLLM's CPU paged layout is stored per
     segment (`store_from_blocks`), then the same documents in another order are blended into other
     blocks (`blend`). Ratio 1 writes a full prefill's KV; ratio 0 keeps the cached rows (layer 0
     exact, as its KV depends on token and position alone) and recomputes the rest. The EPIC mode
-    does the same with every token of each span recomputed (1,000 per span) or none (0)."""
+    does the same with every token of each span recomputed (1,000 per span) or none (0), and the
+    question-guided mode with its ratio."""
     from lmi_server.kvcache.blend import paged
     from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob
     from lmi_server.kvcache.blend.segments import key_salt, split_at_separator

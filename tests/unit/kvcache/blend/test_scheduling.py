@@ -4,6 +4,7 @@ once its prefill is done (not before); the same documents in another order are t
 prompt token but the last reported as loaded, one job with the request's blocks); what blending
 cannot serve or would not pay for stays on the usual path."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -184,7 +185,8 @@ def test_documents_in_an_ordinary_prompt_are_found_by_their_content(tmp_path):
     n = len(second.prompt_token_ids)
     # LMCache's prefix leaves 30 tokens to compute: cheaper than blending 450 reused tokens at 0.25
     assert sched.decide(request("c2-prefix", second.prompt_token_ids), prefix_hit_tokens=n - 30) is None
-    deep = BlendScheduler(config, Separator(SEP), cuts, num_layers=4)  # every token runs 2 of 4 layers first
+    # CacheBlend's check layer: every token runs 2 of 4 layers first
+    deep = BlendScheduler(dataclasses.replace(config, mode="cacheblend"), Separator(SEP), cuts, num_layers=4)
     assert deep.blend_cost(_plan_of(deep, second)) > n / 2
     assert sched.decide(second, prefix_hit_tokens=3) == n - 1
     (job,) = sched.jobs(new_step("c2", [9, 10, 11, 12, 13, 14, 15, 16], n - 1, 1))
@@ -209,7 +211,7 @@ def _plan_of(sched, req):
 
     return plan_prompt(req.prompt_token_ids, sched.separator, lambda ids: sched.store.cached_tokens(ids, sched.salt(req)),
                        recompute_ratio=sched.config.recompute_ratio, chunk_size=sched.config.chunk_size,
-                       min_reused_tokens=0, content=sched.content)
+                       min_reused_tokens=0, content=sched.content, mode=sched.config.mode)
 
 
 def test_a_request_naming_its_ratio_is_blended_and_stores_no_prefix(tmp_path):
@@ -272,3 +274,26 @@ def test_the_epic_mode_recomputes_the_head_of_each_span_and_skips_the_check_laye
     plan = _plan_of(sched, request("x", ids))
     epic_plan = type(plan)(plan.prompt_len, plan.segments, plan.recompute_ratio, plan.pieces, plan.prefix, "epic", 2)
     assert epic_plan.recomputed_tokens == 6 and sched.blend_cost(epic_plan) < sched.blend_cost(plan)
+
+
+def test_the_guided_mode_costs_its_first_pass_and_the_ratios_share_not_a_check_layer(tmp_path):
+    """The question-guided mode: the job carries the mode and the request's ratio, the usage counts
+    the ratio's share of the reused tokens as recomputed (as CacheBlend), and the cost rule counts a
+    first pass of the computed tokens in place of the check layer over the whole prompt."""
+    sched = scheduler(tmp_path)
+    warm = request("w", prompt([0, 1, 2]))
+    sched.decide(warm, 0)
+    (job,) = sched.jobs(new_step("w", [1, 2, 3], 0, len(warm.prompt_token_ids)))
+    store_job_kv(sched, job)
+    ids = prompt([2, 0, 1])
+    guided = request("g", ids)
+    guided.kv_transfer_params = {"lmi_blend_mode": "guided", "lmi_blend_recompute_ratio": 0.5}
+    assert sched.decide(guided, prefix_hit_tokens=0) == len(ids) - 1
+    assert not sched.stores_as_prefix("g")
+    (job,) = sched.jobs(new_step("g", [5, 6, 7, 1], len(ids) - 1, 1))
+    assert (job.mode, job.recompute_ratio) == ("guided", 0.5)
+    assert guided.prefill_stats.num_cached_tokens == 27 - 14  # ceil(0.5 x 27) of the reused recomputed
+    plan = _plan_of(sched, request("x", ids))
+    guided_plan = type(plan)(plan.prompt_len, plan.segments, plan.recompute_ratio, plan.pieces, plan.prefix, "guided", 0)
+    assert guided_plan.recomputed_tokens == plan.recomputed_tokens
+    assert sched.blend_cost(guided_plan) == 2 * plan.computed_tokens + plan.recomputed_tokens
