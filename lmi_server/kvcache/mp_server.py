@@ -285,9 +285,9 @@ class MPServerSupervisor:
                     return
                 try:
                     process.signal_group(proc.pid, signal.SIGKILL)  # leftovers of the dead server's group
+                    self.failed = False  # out of the window's limit: trying again (alive from the spawn on)
                     self._spawn_and_wait()
                     backoff = 1.0
-                    self.failed = False
                     self.down_since = None
                 except MPServerError as e:
                     log.error("LMCache MP server restart failed: %s", e)
