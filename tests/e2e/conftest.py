@@ -3,14 +3,18 @@ that several modules need; a test that ends its server takes one over at the end
 
 - `server` (also named `lora`): the demo model with the tool-calling options, LoRA on and the
   example adapters, a batch of eight (tests/e2e/test_api.py, test_lora.py, test_tools.py,
-  test_speculative.py's reference, test_adapter_tenants.py's flood, ...). Modules before
+  test_adapter_tenants.py's flood, ...). Modules before
   test_lora.py name no existing adapter: it checks their fresh state.
   The concurrent fuzzer reuses it after everything else, then test_lifecycle.py's SIGTERM drain ends it.
 - `busy_server`: the demo model with LoRA off, one sequence at a time and a queue of one
   (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py).
 - `assistant` (also named `assistant_with_lora`): the embedded assistant with an API key, LoRA on,
   vLLM's request logger and a greedy input formatter (test_assistant_kit.py, test_front_doors.py;
-  its base model is the greedy reference of test_assistant_eagle.py).
+  its base model is the greedy reference of test_assistant_eagle.py, test_speculative.py and
+  test_suffix_decoding.py).
+- `assistant_eagle`: the embedded assistant with `option.speculative_method=eagle` and nothing else,
+  the README's example (test_assistant_eagle.py, then test_speculative.py's greedy-only checks: a
+  speculative CPU engine refuses sampling, lmi_server/engine_limits.py).
 - `lmcache_demo`: the demo model with LMCache (CPU + disk tiers, vLLM's prefix cache off), KV loads
   that fail on demand, LoRA on and a budget of one engine rebuild (test_lmcache.py, then
   test_lifecycle.py's rebuild and its death past the budget, which ends it).
@@ -22,8 +26,8 @@ that several modules need; a test that ends its server takes one over at the end
 - `blend_server`: the demo model downloaded from S3 at start-up, with option.tgi_compat, LMCache's
   KV blending and vLLM's prefix cache on (test_blend.py, then test_s3_model.py).
 
-Servers of their own (their properties conflict with every shared one): the two EAGLE assistants
-and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the embeddings model,
+Servers of their own (their properties conflict with every shared one): the EAGLE-3 assistant
+(test_assistant_eagle.py; one speculative method per engine), the embeddings model,
 `make serve` exactly as the README runs it, the vision model with LMCache beside vLLM's prefix cache
 (test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
 the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
@@ -31,8 +35,8 @@ server process but no engine: the weights' headers fail it first (lmi_server/wei
 Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and the three starts of
 test_kv_restart.py (seed, restart, another dtype with LoRA, on one cache directory).
 
-Engine starts in the whole suite, tests/e2e/test_containers.py apart: 19, the 7 shared servers
-above and 12 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py)."""
+Engine starts in the whole suite, tests/e2e/test_containers.py apart: 18, the 8 shared servers
+above and 10 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py)."""
 
 from __future__ import annotations
 
@@ -86,10 +90,12 @@ FOLLOWS = {
     "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
     "test_tenants.py": "test_security.py",
     "test_s3_model.py": "test_blend.py",
-    "test_adapter_tenants.py": "test_lora.py",  # it loads adapters whose fresh state test_lora.py checks
+    "test_adapter_tenants.py": "test_lora.py",
+    "test_speculative.py": "test_assistant_eagle.py",  # the same EAGLE assistant  # it loads adapters whose fresh state test_lora.py checks
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
-SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir", "blend_server")
+SHARED_SERVERS = ("server", "busy_server", "assistant", "assistant_eagle", "lmcache_demo", "keyed_server", "lmi_dir",
+                  "blend_server")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -219,6 +225,16 @@ def assistant(tmp_path_factory):
 def assistant_with_lora(assistant):
     """The shared assistant, named for what the example-adapter tests need of it."""
     return assistant
+
+
+@pytest.fixture(scope="session")
+def assistant_eagle(tmp_path_factory):
+    """The README's speculative-decoding example: `option.speculative_method=eagle` and nothing else
+    on the embedded assistant, whose shipped EAGLE-1 head it finds by itself
+    (tests/e2e/test_assistant_eagle.py, then tests/e2e/test_speculative.py). No API key, LoRA off."""
+    props = {"option.speculative_method": "eagle", "option.cpu_kv_cache_space": "1"}
+    with running_server(tmp_path_factory.mktemp("assistant-eagle"), props) as proc:
+        yield proc
 
 
 # Run inside the LMCache server's engine processes: while the file named by LMI_TEST_FAIL_KV_LOADS
