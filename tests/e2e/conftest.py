@@ -7,7 +7,9 @@ that several modules need; a test that ends its server takes one over at the end
   test_lora.py name no existing adapter: it checks their fresh state.
   The concurrent fuzzer reuses it after everything else, then test_lifecycle.py's SIGTERM drain ends it.
 - `busy_server`: the demo model with LoRA off, one sequence at a time and a queue of one
-  (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py).
+  (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py),
+  with LMCache's disk tier on a volume that holds an earlier run's leftovers and a Redis tier
+  (vLLM's prefix cache off): the seed start of test_kv_restart.py, which ends it after them.
 - `assistant` (also named `assistant_with_lora`): the embedded assistant with an API key, LoRA on,
   vLLM's request logger and a greedy input formatter (test_assistant_kit.py, test_front_doors.py;
   its base model is the greedy reference of test_assistant_eagle.py, test_speculative.py and
@@ -32,11 +34,11 @@ Servers of their own (their properties conflict with every shared one): the EAGL
 (test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
 the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
 server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py).
-Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and the three starts of
-test_kv_restart.py (seed, restart, another dtype with LoRA, on one cache directory).
+Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and two starts of
+test_kv_restart.py on `busy_server`'s cache directory (its restart, another dtype with LoRA).
 
-Engine starts in the whole suite, tests/e2e/test_containers.py apart: 18, the 8 shared servers
-above and 10 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py)."""
+Engine starts in the whole suite, tests/e2e/test_containers.py apart: 17, the 8 shared servers
+above and 9 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py)."""
 
 from __future__ import annotations
 
@@ -91,7 +93,8 @@ FOLLOWS = {
     "test_tenants.py": "test_security.py",
     "test_s3_model.py": "test_blend.py",
     "test_adapter_tenants.py": "test_lora.py",
-    "test_speculative.py": "test_assistant_eagle.py",  # the same EAGLE assistant  # it loads adapters whose fresh state test_lora.py checks
+    "test_speculative.py": "test_assistant_eagle.py",  # the same EAGLE assistant
+    "test_kv_restart.py": "test_load_shedding.py",  # it seeds its volume with busy_server, then ends it  # it loads adapters whose fresh state test_lora.py checks
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
 SHARED_SERVERS = ("server", "busy_server", "assistant", "assistant_eagle", "lmcache_demo", "keyed_server", "lmi_dir",
@@ -170,13 +173,39 @@ def openai_client(server):
 
 
 @pytest.fixture(scope="session")
-def busy_server(tmp_path_factory):
+def kv_redis(tmp_path_factory):
+    """test_kv_restart.py's Redis (no password), beside `busy_server`'s volume: its port, or None
+    without redis-server (that module is then skipped)."""
+    from deploy.cluster import redis_server_binary
+    from tests.support.kv_volume import plain_redis
+
+    if redis_server_binary() is None:
+        yield None
+        return
+    with plain_redis(tmp_path_factory.mktemp("kv-redis")) as port:
+        yield port
+
+
+@pytest.fixture(scope="session")
+def busy_server(tmp_path_factory, kv_redis):
     """LoRA off, one sequence at a time (option.max_rolling_batch_size=1), one request may wait
     (option.job_queue_size=1) for at most 30 s (option.max_queue_wait=30): the load-shedding
-    premise (tests/e2e/test_load_shedding.py); other modules send it one request at a time."""
+    premise (tests/e2e/test_load_shedding.py); other modules send it one request at a time.
+    LMCache's CPU and disk tiers, the disk on a volume with an earlier run's leftovers
+    (`kv_volume`; what it held once ready: `kv_start_state`), and `kv_redis`, vLLM's prefix cache
+    off: tests/e2e/test_kv_restart.py seeds that volume with it last, then restarts on it."""
+    from lmi_server.kvcache.disk_budget import chunk_files
+    from tests.support.kv_volume import leftover_volume, lmcache_yaml
+
+    volume = leftover_volume(tmp_path_factory.mktemp("kv-volume"))
+    model_dir = tmp_path_factory.mktemp("shedding")
+    (model_dir / "lmcache.yaml").write_text(lmcache_yaml(volume, kv_redis))
     props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "1",
-             "option.max_queue_wait": "30", "option.max_model_len": "16384"}
-    with running_server(tmp_path_factory.mktemp("shedding"), props) as proc:
+             "option.max_queue_wait": "30", "option.max_model_len": "16384",
+             "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
+    with running_server(model_dir, props, properties=props, kv_volume=volume) as proc:
+        files = chunk_files(volume)
+        proc.kv_start_state = (len(files), sum(size for _, size, _ in files))
         yield proc
 
 
