@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(
     redis_server_binary() is None, reason="redis-server is not installed (Debian: apt-get install -y redis-server)"
 )
 
+
 def document(name: str, n_chars: int = 7000) -> str:
     return Path(sysconfig.get_paths()["stdlib"], name).read_text()[:n_chars]
 
