@@ -38,7 +38,8 @@ Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and t
 test_kv_restart.py on `busy_server`'s cache directory (its restart, another dtype with LoRA).
 
 Engine starts in the whole suite, tests/e2e/test_containers.py apart: 17, the 8 shared servers
-above and 9 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py)."""
+above and 9 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py: its
+lines hold the corrupt-weights start too, not the scale-out replicas, which deploy/cluster.py starts)."""
 
 from __future__ import annotations
 
