@@ -3,14 +3,20 @@ that several modules need; a test that ends its server takes one over at the end
 
 - `server` (also named `lora`): the demo model with the tool-calling options, LoRA on and the
   example adapters, a batch of eight (tests/e2e/test_api.py, test_lora.py, test_tools.py,
-  test_speculative.py's reference, test_adapter_tenants.py's flood, ...). Modules before
+  test_adapter_tenants.py's flood, ...). Modules before
   test_lora.py name no existing adapter: it checks their fresh state.
   The concurrent fuzzer reuses it after everything else, then test_lifecycle.py's SIGTERM drain ends it.
 - `busy_server`: the demo model with LoRA off, one sequence at a time and a queue of one
-  (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py).
+  (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py),
+  with LMCache's disk tier on a volume that holds an earlier run's leftovers and a Redis tier
+  (vLLM's prefix cache off): the seed start of test_kv_restart.py, which ends it after them.
 - `assistant` (also named `assistant_with_lora`): the embedded assistant with an API key, LoRA on,
   vLLM's request logger and a greedy input formatter (test_assistant_kit.py, test_front_doors.py;
-  its base model is the greedy reference of test_assistant_eagle.py).
+  its base model is the greedy reference of test_assistant_eagle.py, test_speculative.py and
+  test_suffix_decoding.py).
+- `assistant_eagle`: the embedded assistant with `option.speculative_method=eagle` and nothing else,
+  the README's example (test_assistant_eagle.py, then test_speculative.py's greedy-only checks: a
+  speculative CPU engine refuses sampling, lmi_server/engine_limits.py).
 - `lmcache_demo`: the demo model with LMCache (CPU + disk tiers, vLLM's prefix cache off), KV loads
   that fail on demand, LoRA on and a budget of one engine rebuild (test_lmcache.py, then
   test_lifecycle.py's rebuild and its death past the budget, which ends it).
@@ -22,17 +28,18 @@ that several modules need; a test that ends its server takes one over at the end
 - `blend_server`: the demo model downloaded from S3 at start-up, with option.tgi_compat, LMCache's
   KV blending and vLLM's prefix cache on (test_blend.py, then test_s3_model.py).
 
-Servers of their own (their properties conflict with every shared one): the two EAGLE assistants
-and the demo EAGLE server (test_assistant_eagle.py, test_speculative.py), the embeddings model,
+Servers of their own (their properties conflict with every shared one): the EAGLE-3 assistant
+(test_assistant_eagle.py; one speculative method per engine), the embeddings model,
 `make serve` exactly as the README runs it, the vision model with LMCache beside vLLM's prefix cache
 (test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
 the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
 server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py).
-Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and the three starts of
-test_kv_restart.py (seed, restart, another dtype with LoRA, on one cache directory).
+Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and two starts of
+test_kv_restart.py on `busy_server`'s cache directory (its restart, another dtype with LoRA).
 
-Engine starts in the whole suite, tests/e2e/test_containers.py apart: 19, the 7 shared servers
-above and 12 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py)."""
+Engine starts in the whole suite, tests/e2e/test_containers.py apart: 17, the 8 shared servers
+above and 9 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py: its
+lines hold the corrupt-weights start too, not the scale-out replicas, which deploy/cluster.py starts)."""
 
 from __future__ import annotations
 
@@ -86,10 +93,13 @@ FOLLOWS = {
     "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
     "test_tenants.py": "test_security.py",
     "test_s3_model.py": "test_blend.py",
-    "test_adapter_tenants.py": "test_lora.py",  # it loads adapters whose fresh state test_lora.py checks
+    "test_adapter_tenants.py": "test_lora.py",
+    "test_speculative.py": "test_assistant_eagle.py",  # the same EAGLE assistant
+    "test_kv_restart.py": "test_load_shedding.py",  # it seeds its volume with busy_server, then ends it  # it loads adapters whose fresh state test_lora.py checks
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
-SHARED_SERVERS = ("server", "busy_server", "assistant", "lmcache_demo", "keyed_server", "lmi_dir", "blend_server")
+SHARED_SERVERS = ("server", "busy_server", "assistant", "assistant_eagle", "lmcache_demo", "keyed_server", "lmi_dir",
+                  "blend_server")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -164,13 +174,39 @@ def openai_client(server):
 
 
 @pytest.fixture(scope="session")
-def busy_server(tmp_path_factory):
+def kv_redis(tmp_path_factory):
+    """test_kv_restart.py's Redis (no password), beside `busy_server`'s volume: its port, or None
+    without redis-server (that module is then skipped)."""
+    from deploy.cluster import redis_server_binary
+    from tests.support.kv_volume import plain_redis
+
+    if redis_server_binary() is None:
+        yield None
+        return
+    with plain_redis(tmp_path_factory.mktemp("kv-redis")) as port:
+        yield port
+
+
+@pytest.fixture(scope="session")
+def busy_server(tmp_path_factory, kv_redis):
     """LoRA off, one sequence at a time (option.max_rolling_batch_size=1), one request may wait
     (option.job_queue_size=1) for at most 30 s (option.max_queue_wait=30): the load-shedding
-    premise (tests/e2e/test_load_shedding.py); other modules send it one request at a time."""
+    premise (tests/e2e/test_load_shedding.py); other modules send it one request at a time.
+    LMCache's CPU and disk tiers, the disk on a volume with an earlier run's leftovers
+    (`kv_volume`; what it held once ready: `kv_start_state`), and `kv_redis`, vLLM's prefix cache
+    off: tests/e2e/test_kv_restart.py seeds that volume with it last, then restarts on it."""
+    from lmi_server.kvcache.disk_budget import chunk_files
+    from tests.support.kv_volume import leftover_volume, lmcache_yaml
+
+    volume = leftover_volume(tmp_path_factory.mktemp("kv-volume"))
+    model_dir = tmp_path_factory.mktemp("shedding")
+    (model_dir / "lmcache.yaml").write_text(lmcache_yaml(volume, kv_redis))
     props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "1",
-             "option.max_queue_wait": "30", "option.max_model_len": "16384"}
-    with running_server(tmp_path_factory.mktemp("shedding"), props) as proc:
+             "option.max_queue_wait": "30", "option.max_model_len": "16384",
+             "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
+    with running_server(model_dir, props, properties=props, kv_volume=volume) as proc:
+        files = chunk_files(volume)
+        proc.kv_start_state = (len(files), sum(size for _, size, _ in files))
         yield proc
 
 
@@ -219,6 +255,16 @@ def assistant(tmp_path_factory):
 def assistant_with_lora(assistant):
     """The shared assistant, named for what the example-adapter tests need of it."""
     return assistant
+
+
+@pytest.fixture(scope="session")
+def assistant_eagle(tmp_path_factory):
+    """The README's speculative-decoding example: `option.speculative_method=eagle` and nothing else
+    on the embedded assistant, whose shipped EAGLE-1 head it finds by itself
+    (tests/e2e/test_assistant_eagle.py, then tests/e2e/test_speculative.py). No API key, LoRA off."""
+    props = {"option.speculative_method": "eagle", "option.cpu_kv_cache_space": "1"}
+    with running_server(tmp_path_factory.mktemp("assistant-eagle"), props) as proc:
+        yield proc
 
 
 # Run inside the LMCache server's engine processes: while the file named by LMI_TEST_FAIL_KV_LOADS

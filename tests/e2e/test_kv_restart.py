@@ -1,15 +1,15 @@
 """KV that survives a restart, end to end, with three engine starts on one cache directory and one
-Redis: (1) the demo model seeds two documents; (2) a restarted server on the same directory and
-Redis serves one document from the disk tier and the other from Redis, same answers; (3) a server
-with another dtype and LoRA on, on the same directory, finds nothing (nor does an adapter request,
-even where its base model's KV is stored), because the keys carry what makes KV valid. The disk
-tier's size limit counts the files an earlier run left."""
+Redis: (1) the demo model seeds two documents: the session's `busy_server` (tests/e2e/conftest.py),
+started on this volume and Redis, after its other modules (it is stopped here); (2) a restarted
+server on the same directory, Redis and configuration serves one document from the disk tier and
+the other from Redis, same answers; (3) a server with another dtype and LoRA on, on the same
+directory, finds nothing (nor does an adapter request, even where its base model's KV is stored),
+because the keys carry what makes KV valid. The disk tier's size limit counts the files an
+earlier run left (tests/support/kv_volume.py)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sysconfig
 import time
 from pathlib import Path
@@ -21,15 +21,12 @@ from deploy.cluster import redis_dbsize, redis_server_binary, resp_command
 from lmi_server.kvcache.disk_budget import chunk_files
 from tests.e2e.conftest import LORA_PROPS, _adapters_for
 from tests.e2e.test_api import metric_value
-from tests.support.server import DEMO_PROPS, free_port, running_server
+from tests.support.kv_volume import FAKE_MIB, LIMIT, lmcache_yaml
+from tests.support.server import DEMO_PROPS, running_server
 
 pytestmark = pytest.mark.skipif(
     redis_server_binary() is None, reason="redis-server is not installed (Debian: apt-get install -y redis-server)"
 )
-
-LIMIT_GIB = 0.05  # 51.2 MiB; the demo model's KV is 2 MiB per 256-token chunk in float32
-LIMIT = int(LIMIT_GIB * 2**30)
-FAKE_MIB = 60  # an earlier run's leftovers: 60 chunk files of 1 MiB, over the limit on their own
 
 
 def document(name: str, n_chars: int = 7000) -> str:
@@ -40,43 +37,19 @@ DOC_A, DOC_B = document("argparse.py"), document("typing.py")
 
 
 @pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    port = free_port()
-    work = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if resp_command(port, "PING").startswith(b"+PONG"):
-                break
-        except OSError:
-            time.sleep(0.2)
-    try:
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
+def redis(kv_redis):
+    """The session's Redis beside `busy_server`'s volume (tests/e2e/conftest.py)."""
+    return kv_redis
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("kv-volume")
-    for i in range(FAKE_MIB):
-        path = d / f"earlier-run-{i:02d}@0x00000000@0@{i:064x}.data"
-        path.write_bytes(b"\0" * 2**20)
-        t = 1_600_000_000 + i  # older than anything this run stores; file 00 the oldest
-        os.utime(path, (t, t))
-    return d
+def cache_dir(busy_server):
+    """`busy_server`'s disk tier: an earlier run's leftovers were there before it started."""
+    return busy_server.kv_volume
 
 
 def props_for(model_dir: Path, cache_dir: Path, redis_port: int, **extra: str) -> dict[str, str]:
-    (model_dir / "lmcache.yaml").write_text(
-        f"chunk_size: 256\nmax_local_cpu_size: 0.5\nlocal_disk: \"file://{cache_dir}\"\n"
-        f"max_local_disk_size: {LIMIT_GIB}\nremote_url: \"redis://127.0.0.1:{redis_port}\"\n"
-    )
+    (model_dir / "lmcache.yaml").write_text(lmcache_yaml(cache_dir, redis_port))
     return {**DEMO_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml",
             **extra}
 
@@ -126,19 +99,20 @@ def within_limit_and_oldest_out(cache_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory, cache_dir, redis):
-    """Engine 1: seeds document A, then B; the chunk files of each; the answers."""
-    model_dir = tmp_path_factory.mktemp("kv-restart-model")
-    with running_server(model_dir, props_for(model_dir, cache_dir, redis)) as server:
-        left = {p.name for _, _, p in chunk_files(cache_dir)}
-        start_state = (len(left), sum(s for _, s, _ in chunk_files(cache_dir)))
-        a = complete(server, DOC_A)
-        files_a = wait_stored(cache_dir, redis, set())
-        b = complete(server, DOC_B)
-        files_b = wait_stored(cache_dir, redis, files_a)
-        warm = complete(server, DOC_A)
-    return {"model_dir": model_dir, "a": a, "b": b, "warm_a": warm, "files_a": files_a, "files_b": files_b,
-            "start_state": start_state}
+def seeded(busy_server, cache_dir, redis):
+    """Engine 1, `busy_server`, after its other modules: seeds document A, then B; the chunk files
+    of each; the answers; what the volume held when it was ready. It is stopped then."""
+    try:
+        before = real_chunks(cache_dir)  # what the other modules' requests stored
+        a = complete(busy_server, DOC_A)
+        files_a = wait_stored(cache_dir, redis, before)
+        b = complete(busy_server, DOC_B)
+        files_b = wait_stored(cache_dir, redis, before | files_a)
+        warm = complete(busy_server, DOC_A)
+    finally:
+        busy_server.stop()
+    return {"model_dir": busy_server.model_dir, "properties": busy_server.properties, "a": a, "b": b,
+            "warm_a": warm, "files_a": files_a, "files_b": files_b, "start_state": busy_server.kv_start_state}
 
 
 def test_start_counts_an_earlier_runs_files_against_the_limit(seeded, cache_dir):
@@ -160,8 +134,7 @@ def restarted(seeded, cache_dir, redis):
         (cache_dir / name).unlink(missing_ok=True)
     for name in seeded["files_a"]:
         assert resp_command(redis, "DEL", redis_key(name)).startswith(b":1"), name
-    model_dir = seeded["model_dir"]
-    with running_server(model_dir, props_for(model_dir, cache_dir, redis)) as server:
+    with running_server(seeded["model_dir"], seeded["properties"]) as server:
         yield server
 
 
