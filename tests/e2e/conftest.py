@@ -93,9 +93,9 @@ FOLLOWS = {
     "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
     "test_tenants.py": "test_security.py",
     "test_s3_model.py": "test_blend.py",
-    "test_adapter_tenants.py": "test_lora.py",
+    "test_adapter_tenants.py": "test_lora.py",  # it loads adapters whose fresh state test_lora.py checks
     "test_speculative.py": "test_assistant_eagle.py",  # the same EAGLE assistant
-    "test_kv_restart.py": "test_load_shedding.py",  # it seeds its volume with busy_server, then ends it  # it loads adapters whose fresh state test_lora.py checks
+    "test_kv_restart.py": "test_load_shedding.py",  # it seeds its volume with busy_server, then ends it
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
 SHARED_SERVERS = ("server", "busy_server", "assistant", "assistant_eagle", "lmcache_demo", "keyed_server", "lmi_dir",
