@@ -21,7 +21,6 @@ import torch
 
 from lmi_server.kvcache.blend import forward
 from lmi_server.kvcache.blend.modes import validate_epic_tokens
-from lmi_server.kvcache.blend.recompute import plan_attention
 
 
 def span_heads(candidates: torch.Tensor, k: int) -> torch.Tensor:
@@ -61,12 +60,4 @@ def epic_prefill(
     ids = forward._ids(adapter, token_ids)
     reused = forward.check_reused(adapter, ids, reused_kv, reused)
     selected = select_epic(reused, tokens, exact)
-    hidden = adapter.embed(ids.index_select(0, selected))
-    plan = plan_attention(selected, ids.numel(), hidden.dtype)
-    kv: list[forward.LayerKV] = []
-    for i in range(adapter.num_layers):
-        hidden, layer_kv = forward._layer(adapter, i, hidden, selected, kv=reused_kv[i], plan=plan,
-                                          in_place=overwrite_reused)
-        kv.append(layer_kv)
-    logits = adapter.lm_head(adapter.final_norm(hidden[-1:]))[0]
-    return forward.BlendResult(logits=logits, kv=kv, selected=selected, deviation=None)
+    return forward.prefill_selected(adapter, ids, reused_kv, selected, in_place=overwrite_reused)

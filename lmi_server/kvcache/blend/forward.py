@@ -131,6 +131,28 @@ def prefill(adapter: ModelAdapter, token_ids: torch.Tensor | Sequence[int]) -> B
     return BlendResult(logits=logits, kv=kv, selected=positions, deviation=None)
 
 
+def prefill_selected(
+    adapter: ModelAdapter,
+    ids: torch.Tensor,
+    reused_kv: Sequence[LayerKV],
+    selected: torch.Tensor,
+    *,
+    in_place: bool,
+    deviation: torch.Tensor | None = None,
+) -> BlendResult:
+    """The tokens at `selected` (sorted offsets, the last token among them) through every layer, their
+    fresh K/V replacing the reused rows and their attention reading the whole blended KV: the forward
+    of the modes that pick their tokens before the first layer (EPIC, guided)."""
+    hidden = adapter.embed(ids.index_select(0, selected))
+    plan = plan_attention(selected, ids.numel(), hidden.dtype)
+    kv: list[LayerKV] = []
+    for i in range(adapter.num_layers):
+        hidden, layer_kv = _layer(adapter, i, hidden, selected, kv=reused_kv[i], plan=plan, in_place=in_place)
+        kv.append(layer_kv)
+    logits = adapter.lm_head(adapter.final_norm(hidden[-1:]))[0]
+    return BlendResult(logits=logits, kv=kv, selected=selected, deviation=deviation)
+
+
 def blend_prefill(
     adapter: ModelAdapter,
     token_ids: torch.Tensor | Sequence[int],

@@ -82,11 +82,4 @@ def guided_prefill(
         selected = select_guided(mass, reused, ratio, exact)
     else:
         mass, selected = None, torch.arange(ids.numel(), device=ids.device)
-    hidden = adapter.embed(ids.index_select(0, selected))
-    plan = plan_attention(selected, ids.numel(), hidden.dtype)
-    kv: list[forward.LayerKV] = []
-    for i in range(adapter.num_layers):
-        hidden, layer_kv = forward._layer(adapter, i, hidden, selected, kv=reused_kv[i], plan=plan, in_place=True)
-        kv.append(layer_kv)
-    logits = adapter.lm_head(adapter.final_norm(hidden[-1:]))[0]
-    return forward.BlendResult(logits=logits, kv=kv, selected=selected, deviation=mass)
+    return forward.prefill_selected(adapter, ids, reused_kv, selected, in_place=True, deviation=mass)

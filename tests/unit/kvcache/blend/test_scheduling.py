@@ -257,11 +257,7 @@ def test_the_epic_mode_recomputes_the_head_of_each_span_and_skips_the_check_laye
     """In EPIC mode the job carries the mode and its token count, the usage counts k tokens per span
     of reused tokens as recomputed, and the cost rule has no check-layer term (it blends where
     CacheBlend's cost would not pay)."""
-    sched = scheduler(tmp_path)
-    warm = request("w", prompt([0, 1, 2]))
-    sched.decide(warm, 0)
-    (job,) = sched.jobs(new_step("w", [1, 2, 3], 0, len(warm.prompt_token_ids)))
-    store_job_kv(sched, job)
+    sched = _with_documents_stored(tmp_path)
     ids = prompt([2, 0, 1])
     epic = request("e", ids)
     epic.kv_transfer_params = {"lmi_blend_mode": "epic", "lmi_blend_epic_tokens": 2}
@@ -280,11 +276,7 @@ def test_the_guided_mode_costs_its_first_pass_and_the_ratios_share_not_a_check_l
     """The question-guided mode: the job carries the mode and the request's ratio, the usage counts
     the ratio's share of the reused tokens as recomputed (as CacheBlend), and the cost rule counts a
     first pass of the computed tokens in place of the check layer over the whole prompt."""
-    sched = scheduler(tmp_path)
-    warm = request("w", prompt([0, 1, 2]))
-    sched.decide(warm, 0)
-    (job,) = sched.jobs(new_step("w", [1, 2, 3], 0, len(warm.prompt_token_ids)))
-    store_job_kv(sched, job)
+    sched = _with_documents_stored(tmp_path)
     ids = prompt([2, 0, 1])
     guided = request("g", ids)
     guided.kv_transfer_params = {"lmi_blend_mode": "guided", "lmi_blend_recompute_ratio": 0.5}
@@ -297,3 +289,13 @@ def test_the_guided_mode_costs_its_first_pass_and_the_ratios_share_not_a_check_l
     guided_plan = type(plan)(plan.prompt_len, plan.segments, plan.recompute_ratio, plan.pieces, plan.prefix, "guided", 0)
     assert guided_plan.recomputed_tokens == plan.recomputed_tokens
     assert sched.blend_cost(guided_plan) == 2 * plan.computed_tokens + plan.recomputed_tokens
+
+
+def _with_documents_stored(tmp_path):
+    """A scheduler whose store holds the three documents, from a prompt served as usual."""
+    sched = scheduler(tmp_path)
+    warm = request("w", prompt([0, 1, 2]))
+    sched.decide(warm, 0)
+    (job,) = sched.jobs(new_step("w", [1, 2, 3], 0, len(warm.prompt_token_ids)))
+    store_job_kv(sched, job)
+    return sched
