@@ -183,8 +183,9 @@ class LMCacheOptions(BaseModel):
     )
     lmcache_blend_recompute_ratio: float = Field(
         0.15, ge=0, le=1,
-        description="Share of the reused tokens whose KV deviates most at the check layer that option.lmcache_blend "
-        "recomputes, besides every token of segments that missed and of the query (LMCache's `blend_recompute_ratios`).",
+        description="Share of the reused tokens that option.lmcache_blend recomputes, besides every token of segments "
+        "that missed and of the query: those the question attends to most (mode `guided`) or whose KV deviates most at "
+        "the check layer (mode `cacheblend`; LMCache's `blend_recompute_ratios`).",
     )
     lmcache_blend_mode: Literal["cacheblend", "epic", "guided"] = Field(
         "guided",
