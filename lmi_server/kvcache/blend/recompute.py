@@ -28,6 +28,8 @@ from lmi_server.kvcache.blend.segments import Segment
 DEFAULT_RECOMPUTE_RATIO = 0.15
 QUERY_BLOCK = 256
 """Selected queries attend in blocks of this many, each over the keys up to its last query."""
+MASS_BLOCK = 32
+"""Queries whose attention mass `query_attention` sums at once (bounds its scores' memory)."""
 
 
 def validate_ratio(ratio: float) -> float:
@@ -93,11 +95,18 @@ def query_attention(
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} KV heads")
     scale = scale if scale is not None else q.shape[-1] ** -0.5
-    keys = k.float().repeat_interleave(heads // kv_heads, dim=1)  # [keys, heads, d]
-    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
-    visible = causal_mask(query_positions.to(device=k.device, dtype=torch.long), k.shape[0])
-    scores = scores.masked_fill(~visible[None], float("-inf"))
-    return scores.softmax(dim=-1).sum(dim=(0, 1))
+    keys = k.float()
+    positions = query_positions.to(device=k.device, dtype=torch.long)
+    mass = torch.zeros(k.shape[0], dtype=torch.float32, device=k.device)
+    # queries in blocks, each KV head's query group at once: the scores held at a time stay
+    # [kv_heads, group, MASS_BLOCK, keys] however long the tail, and K is never copied per query head
+    grouped = q.float().reshape(q.shape[0], kv_heads, heads // kv_heads, q.shape[-1])
+    for first in range(0, q.shape[0], MASS_BLOCK):
+        block = grouped[first : first + MASS_BLOCK]
+        scores = torch.einsum("qhgd,khd->hgqk", block, keys) * scale
+        visible = causal_mask(positions[first : first + MASS_BLOCK], k.shape[0])
+        mass += scores.masked_fill(~visible, float("-inf")).softmax(dim=-1).sum(dim=(0, 1, 2))
+    return mass
 
 
 def select_recompute(

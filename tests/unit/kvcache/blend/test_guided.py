@@ -87,3 +87,20 @@ def _recompute(adapter, ids, reused_kv, selected):
     for i in range(adapter.num_layers):
         hidden, _ = forward._layer(adapter, i, hidden, selected, kv=kv[i], plan=plan, in_place=True)
     return adapter.lm_head(adapter.final_norm(hidden[-1:]))[0]
+
+
+def test_query_attention_in_blocks_equals_one_softmax_per_query_and_head():
+    """Many queries (more than one block) with grouped KV heads: the same sums as a plain softmax of
+    every query head over its KV head's keys."""
+    from lmi_server.kvcache.blend import recompute
+
+    torch.manual_seed(2)
+    n, queries, heads, kv_heads, d = 90, recompute.MASS_BLOCK * 2 + 5, 6, 2, 8
+    q, k = torch.randn(queries, heads, d), torch.randn(n, kv_heads, d)
+    positions = torch.arange(n - queries, n)
+    expected = torch.zeros(n)
+    for i, pos in enumerate(positions.tolist()):
+        for h in range(heads):
+            scores = (k[: pos + 1, h // (heads // kv_heads)] @ q[i, h]) * 0.3
+            expected[: pos + 1] += scores.softmax(-1)
+    torch.testing.assert_close(query_attention(q, k, positions, scale=0.3), expected, atol=1e-5, rtol=1e-5)
