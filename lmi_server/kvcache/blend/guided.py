@@ -15,13 +15,12 @@ layer runs over the whole prompt: its cost is the computed tokens twice plus the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
 from lmi_server.kvcache.blend import forward
-from lmi_server.kvcache.blend.recompute import attend_selected, plan_attention, query_attention, validate_ratio
+from lmi_server.kvcache.blend.recompute import attend_selected, plan_attention, query_attention, select_recompute
 
 
 def question_mass(
@@ -49,16 +48,8 @@ def question_mass(
 
 def select_guided(mass: torch.Tensor, reused: torch.Tensor, ratio: float, exact: torch.Tensor | None = None) -> torch.Tensor:
     """Sorted long indices: every token not reused, plus ceil(ratio x candidates) reused tokens (not
-    `exact`) with the most question attention (ties to the earlier token)."""
-    candidates = reused if exact is None else reused & ~exact.to(device=reused.device, dtype=torch.bool)
-    n_candidates = int(candidates.sum())
-    take = min(n_candidates, math.ceil(validate_ratio(ratio) * n_candidates - 1e-9))
-    chosen = ~reused
-    if take:
-        scores = torch.where(candidates, mass, torch.tensor(float("-inf"), device=mass.device))
-        chosen = chosen.clone()
-        chosen[torch.sort(scores, descending=True, stable=True).indices[:take]] = True
-    return chosen.nonzero(as_tuple=True)[0]
+    `exact`) with the most question attention: CacheBlend's rule with the attention as the score."""
+    return select_recompute(mass, reused, ratio, exact)
 
 
 def guided_prefill(
