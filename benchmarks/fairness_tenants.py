@@ -8,6 +8,9 @@ engine step applies. Per variant (one server each, side by side in one run):
   keys       tenants are named API keys (option.api_key_file): the flood's key on adapter X,
              the probes' key on adapter Y
   lmcache    as `adapters`, with option.lmcache_auto_config=true
+  adapters_plain  as `adapters`, with option.tenant_prefill_step=false: vLLM's own scheduler,
+             the probe's first prefill in the same step as the flood's decodes (the baseline of
+             lmi_server/tenant_scheduler.py)
 
 the embedded assistant (default model) with LoRA on and its example adapters runs
 `option.max_num_seqs=8`; first `--probes` solo probes on adapter Y spaced `--probe-every` s,
@@ -33,7 +36,7 @@ from benchmarks.common import RESULTS, RequestResult, Server, free_port, pct, st
 FLOOD_ADAPTER, PROBE_ADAPTER = "pirate", "shouter"
 KEYS = {"flood": "flood-key-0123456789", "probe": "probe-key-0123456789"}
 LORA = {"OPTION_ENABLE_LORA": "true", "OPTION_MAX_LORAS": "2", "OPTION_MAX_LORA_RANK": "8", "OPTION_CPU_KV_CACHE_SPACE": "1"}
-VARIANTS = ("adapters", "keys", "lmcache")
+VARIANTS = ("adapters", "keys", "lmcache", "adapters_plain")
 SERIES = (
     "lmi_tenant_queue_depth", "lmi_tenant_requests_in_engine", "lmi_tenant_queue_wait_seconds_sum",
     "lmi_tenant_queue_wait_seconds_count", "lmi_usage_time_to_first_token_seconds_sum",
@@ -71,6 +74,8 @@ def server_env(variant: str, args, work: Path) -> dict[str, str]:
         env["OPTION_API_KEY_FILE"] = str(keys)
     if variant == "lmcache":
         env["OPTION_LMCACHE_AUTO_CONFIG"] = "true"
+    if variant == "adapters_plain":
+        env["OPTION_TENANT_PREFILL_STEP"] = "false"
     for option in args.option:
         key, _, value = option.partition("=")
         env["OPTION_" + key.removeprefix("option.").upper()] = value
@@ -169,8 +174,7 @@ async def run_variant(url: str, variant: str, args) -> dict:
         await asyncio.sleep(args.scrape_every * 2)
         stop.set()
         samples = await scraper
-    tenant = {"adapters": (FLOOD_ADAPTER, PROBE_ADAPTER), "lmcache": (FLOOD_ADAPTER, PROBE_ADAPTER),
-              "keys": ("flood", "probe")}[variant]
+    tenant = ("flood", "probe") if variant == "keys" else (FLOOD_ADAPTER, PROBE_ADAPTER)
     in_flood = [s for s in samples if s["t"] >= t_flood]
     tokens = sum(r["tokens"] for r in flood + under)
     out = {"tenants": {"flood": tenant[0], "probe": tenant[1]}, "probe_solo": stats(solo), "probe_under_flood": stats(under),

@@ -28,6 +28,8 @@ A front door (`api/openai/`, `api/sagemaker/`, and any new one) is one module th
   base model) in `model`, combinations the engine cannot serve (400), the KV cache salt isolated
   per adapter (LoRA on);
 - admit: an engine slot in the admission policy's order (`lmi_server.admission`), or 429/503;
+  the tenant it admitted is named in the vLLM request for the engine's scheduler
+  (`lmi_server.tenant_scheduler`);
 - call vLLM: the serving method, cancelled if the client disconnects (vLLM's `with_cancellation`);
   vLLM's errors become typed errors;
 - format out and respond: the output formatter, the front door's shape, SSE or jsonlines for a
@@ -59,6 +61,7 @@ from lmi_server.api.format_in import apply_payload_formatter
 from lmi_server.api.respond import respond, sse_to_jsonl, yielding
 from lmi_server.api.media import check_messages
 from lmi_server.engine_limits import UnsupportedCombination
+from lmi_server.tenant_scheduler import TENANT_ARG
 from lmi_server.usage_metrics import Usage
 
 UNREAD = object()
@@ -214,6 +217,15 @@ def apply_cache_salt(request: Request, engine_request: Any) -> None:
     engine_request.cache_salt = isolated_cache_salt(identity, getattr(engine_request, "cache_salt", None))
 
 
+def tag_tenant(engine_request: Any, tenant: str | None) -> None:
+    """Name the tenant admission chose in the vLLM request (`vllm_xargs`, which vLLM carries into
+    the engine as SamplingParams.extra_args), for the engine's scheduler
+    (`lmi_server.tenant_scheduler`). Whatever the client put under that key is overwritten."""
+    if tenant is None or not hasattr(engine_request, "vllm_xargs"):
+        return
+    engine_request.vllm_xargs = {**(engine_request.vllm_xargs or {}), TENANT_ARG: tenant}
+
+
 async def read_checked(request: Request, body: Any = UNREAD, *, generates: bool = True) -> tuple[Any, Any]:
     """read -> check (engine ready) -> resolve the adapter -> format in: (formatted body, engine
     state). `generates=False` (the render routes only tokenize): no adapter is leased."""
@@ -243,6 +255,7 @@ async def serve(
     await check_request(request, gen.request, state)
     apply_cache_salt(request, gen.request)
     await until_disconnect(admit(request, state, gen.request), request)
+    tag_tenant(gen.request, request_context(request).tenant)
     result = await call_serving(gen.method(state.serving)(gen.request, request), request)
     shape_stream = gen.shape_stream or (_same if gen.stream == "sse" else sse_to_jsonl)
     ctx = request_context(request)

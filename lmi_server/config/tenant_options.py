@@ -56,6 +56,13 @@ class TenantOptions(BaseModel):
         "(requests in flight or waiting, or one in the last 60 s), a tenant beyond its weighted share takes a "
         "free slot only if this many stay free. Default: max(2, batch size // 8); 0: none.",
     )
+    tenant_prefill_step: bool = Field(
+        True,
+        description="Fair policy: the first prefill of a tenant (API key, else adapter) that runs fewer than an "
+        "equal share of the engine's running requests gets an engine step of its own: the running requests skip "
+        "one decode step (never two steps in a row), so its first token does not wait behind a flood's decodes "
+        "(lmi_server/tenant_scheduler.py, named as vLLM's scheduler_cls). false: vLLM's scheduler unchanged.",
+    )
     tenant_requests_per_second: float | None = Field(
         None,
         gt=0,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from lmi_server.engine_log import engine_logger
 from lmi_server.kvcache import block_copy
 from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob
 from lmi_server.kvcache.blend.settings import BlendConfig
@@ -56,8 +57,7 @@ class GuardedLMCacheMPConnector(NamespacedLMCacheMPConnector):
 
             hf_config = vllm_config.model_config.hf_config
             self._blend_worker = BlendWorker(config, hf_config.to_dict(), vllm_config.model_config.architecture)
-        blend_log = logging.getLogger("lmi_server.kvcache.blend")
-        _log_to_stderr(blend_log)
+        blend_log = engine_logger("lmi_server.kvcache.blend")
         blend_log.info("KV blending on: segments at %r, recompute ratio %g", config.separator, config.recompute_ratio)
 
     # --- scheduler side -------------------------------------------------------------------------
@@ -155,13 +155,3 @@ def guard_stores(adapter: Any) -> None:
             logger.warning("LMCache store for request %s dropped: %s", request_id, exc)
 
     adapter.submit_store_request = submit_store_request
-
-
-def _log_to_stderr(log: logging.Logger) -> None:
-    """The engine's processes configure vLLM's loggers only: give the blend log a handler of its own."""
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False

@@ -1,4 +1,5 @@
-"""Reserved slots of a policy that keeps headroom (`option.admission_policy=fair`), added to the engine's batch size."""
+"""What fair admission (`option.admission_policy=fair`) asks of the engine: reserved slots added to its
+batch size, and the scheduler that gives the first prefill of a tenant under its share a step of its own."""
 
 from __future__ import annotations
 
@@ -29,3 +30,21 @@ def fair_headroom(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[s
         f"one tenant holds at most {batch}, the other {reserved} start other tenants' requests at once"
     )
     return {"batch_size": batch, "reserved_slots": reserved, "engine_max_num_seqs": batch + reserved}
+
+
+TENANT_SCHEDULER = "lmi_server.tenant_scheduler.TenantPrefillScheduler"
+
+
+def tenant_scheduler(cfg: ServingConfig, engine_args: dict[str, Any], notes: list[str]) -> None:
+    """vLLM's scheduler_cls for option.tenant_prefill_step under a policy that keeps headroom:
+    admission lets another tenant's request in at once, this scheduler then keeps a flood's decodes
+    out of its first step. A scheduler_cls the user set is kept."""
+    tenants = cfg.tenants
+    if not tenants.tenant_prefill_step or not policy_named(tenants.admission_policy).keeps_headroom:
+        return
+    if engine_args.get("scheduler_cls"):
+        notes.append("option.scheduler_cls is set: option.tenant_prefill_step leaves vLLM's scheduler to it")
+        return
+    engine_args["scheduler_cls"] = TENANT_SCHEDULER
+    notes.append("fair admission: the first prefill of a tenant under its share gets an engine step of its own "
+                 "(option.tenant_prefill_step)")

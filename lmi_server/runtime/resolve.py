@@ -16,7 +16,7 @@ from lmi_server.runtime.blend import plan_blend
 from lmi_server.runtime.checks import preflight_checks
 from lmi_server.runtime.defaults import builtin_defaults, builtin_tool_defaults, cpu_scheduler_defaults, vision_defaults
 from lmi_server.runtime.engine_memory import default_engine_memory
-from lmi_server.runtime.fair_slots import fair_headroom
+from lmi_server.runtime.fair_slots import fair_headroom, tenant_scheduler
 from lmi_server.runtime.frontend import resolve_frontend_args
 from lmi_server.runtime.kv_plan import plan_kv_cache
 from lmi_server.runtime.model_files import model_config as read_model_config
@@ -49,6 +49,7 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
     builtin_defaults(cfg, engine_args, notes)
     vision_defaults(cfg, engine_args, notes)
     fair_slots = fair_headroom(cfg, engine_args, notes)
+    tenant_scheduler(cfg, engine_args, notes)
     engine_args.pop("speculative_config", None)
     speculative = resolve_speculative(cfg, engine_args, build_demo=build_demo, notes=notes)
     if speculative is not None:

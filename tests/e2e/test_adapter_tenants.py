@@ -1,7 +1,8 @@
 """LoRA adapters as tenants under a flood, against the real server: with neither an API key nor a
 tenant header, the adapter names the tenant; a flood of streamed requests on one adapter queues
 for engine slots while another adapter's requests are admitted ahead of the flood's queued ones,
-and the flood still gets all of its work done. Timing ratios are the benchmark's
+each probe's first prefill runs in an engine step of its own (lmi_server/tenant_scheduler.py), and
+the flood still gets all of its work done. Timing ratios are the benchmark's
 (`benchmarks/fairness.py --tenants adapters`), not asserted here.
 
 The session's demo server (`lora`, tests/e2e/conftest.py): LoRA on with its example adapters and
@@ -19,6 +20,7 @@ import time
 import httpx
 import pytest
 
+from lmi_server.tenant_scheduler import CLEARED
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -44,6 +46,11 @@ def series(server: ServerProcess, name: str, **labels: str) -> float:
     return total
 
 
+def cleared_steps(server: ServerProcess) -> int:
+    """Engine steps the new-tenant scheduler held for a newcomer's first prefill (its log lines)."""
+    return server.log_path.read_text(errors="replace").count(CLEARED + ":")
+
+
 def stream(server: ServerProcess, adapter: str, max_tokens: int) -> dict:
     """One streamed chat request on `adapter`; its status and the tokens its usage chunk counts."""
     body = {"model": adapter, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": max_tokens,
@@ -63,6 +70,7 @@ def test_another_adapter_is_admitted_ahead_of_a_flood_of_one_adapter(lora_server
     admitted_before = series(lora_server, "lmi_tenant_requests_total", tenant=FLOOD, outcome="admitted")
     probe_waits_before = series(lora_server, "lmi_tenant_queue_wait_seconds_count", tenant=PROBE)
     quick_before = series(lora_server, "lmi_tenant_queue_wait_seconds_bucket", tenant=PROBE, le="0.1")
+    cleared_before = cleared_steps(lora_server)
     flood: list[dict] = []
     threads = [threading.Thread(target=lambda: flood.append(stream(lora_server, FLOOD, 48))) for _ in range(FLOOD_SIZE)]
     for t in threads:
@@ -80,6 +88,8 @@ def test_another_adapter_is_admitted_ahead_of_a_flood_of_one_adapter(lora_server
     for t in threads:
         t.join(600)
     assert all(q > 0 for q in queued_behind), queued_behind
+    # each probe's first prefill had an engine step of its own, the flood's decodes held one step
+    assert cleared_steps(lora_server) - cleared_before >= 3
     # admitted at once (in a slot kept for other tenants), not after the flood's queued requests
     waits = series(lora_server, "lmi_tenant_queue_wait_seconds_count", tenant=PROBE) - probe_waits_before
     quick = series(lora_server, "lmi_tenant_queue_wait_seconds_bucket", tenant=PROBE, le="0.1")

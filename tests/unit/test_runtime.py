@@ -219,3 +219,19 @@ def test_cpu_engines_prefill_prompts_whole_unless_told(monkeypatch, gpus, given,
     runtime.cpu_scheduler_defaults(engine_args, {"max_position_embeddings": 4096}, notes)
     assert engine_args.get("enable_chunked_prefill") == expected
     assert bool(notes) == (gpus == 0 and "enable_chunked_prefill" not in given)
+
+
+@pytest.mark.parametrize(
+    "props, scheduler_cls",
+    [
+        ({}, "lmi_server.tenant_scheduler.TenantPrefillScheduler"),  # the fair policy is the default
+        ({"option.tenant_prefill_step": "false"}, None),
+        ({"option.admission_policy": "fifo"}, None),
+        ({"option.scheduler_cls": "my.Scheduler"}, "my.Scheduler"),  # the user's own is kept
+    ],
+)
+def test_fair_admission_names_the_new_tenant_scheduler_for_the_engine(tmp_path, props, scheduler_cls):
+    runtime = resolve_runtime(build_serving_config({"option.max_model_len": "1024", **props}, model_dir(tmp_path)), build_demo=False)
+    assert runtime.engine_args.get("scheduler_cls") == scheduler_cls
+    assert any("tenant_prefill_step" in note for note in runtime.notes) == ("option.admission_policy" not in props
+                                                                                 and "option.tenant_prefill_step" not in props)

@@ -49,8 +49,8 @@ def error_response(code: int, message: str, param: str | None = None):
     return type("ErrorResponse", (), {"error": error})()
 
 
-def app_with_engine(tmp_path):
-    app = create_app(build_serving_config({}, tmp_path), {"model": "x"}, start_engine=False)
+def app_with_engine(tmp_path, props=None):
+    app = create_app(build_serving_config(props or {}, tmp_path), {"model": "x"}, start_engine=False)
     completions = FakeCompletions()
     models = SimpleNamespace(base_model_paths=[SimpleNamespace(name="base-model")], is_base_model=lambda m: m == "base-model")
     owner = app.state.ctx.owner
@@ -119,3 +119,15 @@ def test_a_new_front_door_is_one_parse_function(tmp_path):
     assert bad.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": "messages: at least one message"}}
     unknown = post(app, "/test/messages", {"model": "ghost", "messages": [{"role": "user", "content": "hi"}]})
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+
+
+def test_the_admitted_tenant_is_named_in_the_vllm_request_for_the_engines_scheduler(tmp_path):
+    app, completions = app_with_engine(tmp_path, {"option.tenant_header": "x-tenant-id"})
+    # a client's own value under the scheduler's key is replaced; its other extra arguments are kept
+    body = {"prompt": "a", "max_tokens": 2, "vllm_xargs": {"lmi_tenant": "mallory", "keep": 1}}
+    assert post(app, "/v1/completions", body, {"x-tenant-id": "alice"}).status_code == 200
+    assert post(app, "/invocations", {"inputs": "b"}).status_code == 200
+    assert completions.requests[0].vllm_xargs == {"lmi_tenant": "alice", "keep": 1}
+    assert completions.requests[1].vllm_xargs == {"lmi_tenant": "default"}
+    params = completions.requests[0].to_sampling_params(2, None)
+    assert params.extra_args["lmi_tenant"] == "alice"  # what the engine's scheduler reads

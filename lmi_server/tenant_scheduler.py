@@ -1,0 +1,129 @@
+"""vLLM's scheduler with one change: the first prefill of a tenant running less than its share
+gets an engine step of its own.
+
+Why: fair admission (`admission/controller.py`) lets another tenant's request into the engine at
+once, but vLLM then runs its prefill in the same step as every running request's decode. Under a
+flood of one tenant that step holds the flood's whole batch of decodes, so the other tenant's first
+token waits for them: its TTFT was 1.6-2.3x its solo TTFT (benchmarks/fairness.py --tenants
+adapters). Here, when a request waits for its first prefill and its tenant runs fewer than an equal
+share of the running requests (none at all, or one probe beside a flood of eight), the running
+requests skip one decode step (vLLM's own `next_decode_eligible_step`, the cadence pipeline
+parallelism uses) and other waiting requests wait one step more: the step holds those prefills
+alone, as vLLM's first scheduler did for every prefill.
+
+Bounds: never two such steps in a row (however many tenants arrive, the running requests lose at
+most every other step); only when the engine has a free sequence slot; never for a tenant that
+runs its share or more (a flood's refills mix with its decodes as before, and tenants running alike
+clear no step for each other). Each such step is logged. The tenant is what the server's admission
+named (`TENANT_ARG` in the request's `extra_args`, set by `api/pipeline.py`), else the request's
+LoRA adapter.
+
+`option.tenant_prefill_step` (on under the fair policy) makes the runtime name this class as vLLM's
+`scheduler_cls` (`runtime/fair_slots.py`); the engine process imports it from there.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from lmi_server.engine_log import engine_logger
+
+log = engine_logger(__name__)
+
+TENANT_ARG = "lmi_tenant"
+"""The key of SamplingParams.extra_args (a body's `vllm_xargs`) that names a request's tenant."""
+CLEARED = "prefill step of its own for a tenant under its share"
+"""The start of each cleared step's log line."""
+WAITING_LOOKED_AT = 64
+"""Waiting requests looked at per step: the server's admission keeps vLLM's queue short."""
+
+
+def tenant_of(request: Any) -> tuple[str, Any]:
+    """The tenant the server's admission named for `request`, else its adapter (0: base model)."""
+    extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
+    if TENANT_ARG in extra:
+        return ("tenant", str(extra[TENANT_ARG]))
+    lora = getattr(request, "lora_request", None)
+    return ("adapter", lora.lora_int_id if lora is not None else 0)
+
+
+def is_first_prefill(request: Any) -> bool:
+    """Waiting for its first step: nothing generated, never preempted, ready to run."""
+    return request.status == RequestStatus.WAITING and request.num_output_tokens == 0 and not request.num_preemptions
+
+
+def newcomers(waiting: Iterable[Any], running: list[Any]) -> list[Any]:
+    """The waiting requests, in queue order, that await their first prefill and whose tenant runs
+    less than an equal share of the running requests (none at all, or fewer than the others), while
+    running requests decode (else none: nothing to keep them from)."""
+    if not any(not getattr(r, "is_prefill_chunk", False) for r in running):
+        return []
+    counts = collections.Counter(tenant_of(r) for r in running)
+    found = []
+    for i, request in enumerate(waiting):
+        if i >= WAITING_LOOKED_AT:
+            break
+        tenant = tenant_of(request)
+        share = len(running) / (len(counts) + (tenant not in counts))
+        if is_first_prefill(request) and counts[tenant] < share:
+            found.append(request)
+    return found
+
+
+class TenantPrefillScheduler(Scheduler):
+    """vLLM's Scheduler (or AsyncScheduler, where vLLM runs asynchronous scheduling) that clears a
+    step for the first prefill of a tenant under its share (see the module docstring)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        config = kwargs.get("vllm_config", args[0] if args else None)
+        asynchronous = bool(getattr(getattr(config, "scheduler_config", None), "async_scheduling", False))
+        if cls is TenantPrefillScheduler and asynchronous:
+            cls = AsyncTenantPrefillScheduler
+        return object.__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cleared_steps = 0
+        """Steps cleared so far."""
+        self._cleared_step = -1
+
+    def _newcomers_due(self) -> list[Any]:
+        if self._cleared_step == self.current_step or len(self.running) >= self.max_num_running_reqs:
+            return []  # never two cleared steps in a row; no slot for a newcomer
+        return newcomers(self.waiting, self.running)
+
+    def schedule(self, *args: Any, **kwargs: Any):
+        due = self._newcomers_due()
+        if not due:
+            return super().schedule(*args, **kwargs)
+        # schedule() advances current_step, then skips a running request while
+        # current_step < next_decode_eligible_step: +2 skips the coming step alone.
+        for request in self.running:
+            request.next_decode_eligible_step = max(request.next_decode_eligible_step, self.current_step + 2)
+        self._cleared_step = self.current_step + 1
+        self.cleared_steps += 1
+        log.info("%s: step %d holds %d first prefill(s) alone, %d running requests skip it (steps cleared so far: %d)",
+                 CLEARED, self._cleared_step, len(due), len(self.running), self.cleared_steps)
+        # The step sees those prefills alone: other waiting requests (a flood's refills) wait one step.
+        queue = self.waiting
+        queue.remove_requests(due)
+        self.waiting = create_request_queue(self.policy)
+        for request in due:
+            self.waiting.add_request(request)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            left = list(self.waiting)  # newcomers not scheduled, in their order
+            self.waiting = queue
+            queue.prepend_requests(reversed(left))  # FCFS prepends in reverse: back in order, in front
+
+
+class AsyncTenantPrefillScheduler(TenantPrefillScheduler, AsyncScheduler):
+    """The same over vLLM's AsyncScheduler (GPU hosts with asynchronous scheduling)."""
