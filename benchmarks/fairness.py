@@ -158,6 +158,7 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+", default=list(fairness_tenants.VARIANTS), choices=fairness_tenants.VARIANTS,
                     help="--tenants adapters: tenants by adapter, by API key, by adapter with LMCache on")
     ap.add_argument("--probes", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1, help="--tenants adapters: solo probes + flood, this many times per server")
     ap.add_argument("--probe-every", type=float, default=1.5)
     ap.add_argument("--probe-delay", type=float, default=1.0, help="seconds into the flood the first probe is sent")
     ap.add_argument("--scrape-every", type=float, default=0.5)

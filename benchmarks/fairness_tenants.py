@@ -15,7 +15,8 @@ engine step applies. Per variant (one server each, side by side in one run):
 the embedded assistant (default model) with LoRA on and its example adapters runs
 `option.max_num_seqs=8`; first `--probes` solo probes on adapter Y spaced `--probe-every` s,
 then the flood: `--flood` streaming requests of adapter X at once, and the same probes again,
-starting `--probe-delay` s in. /metrics is scraped every `--scrape-every` s throughout; the
+starting `--probe-delay` s in; `--rounds` times on the same server (ratios per round and over all
+probes). /metrics is scraped every `--scrape-every` s throughout; the
 per-tenant series (queue wait, TTFT, tokens, requests in engine and waiting) and vLLM's step count
 are kept in the JSON and drawn in RESULTS/NAME_series.png.
 """
@@ -43,6 +44,8 @@ SERIES = (
     "lmi_usage_time_to_first_token_seconds_count", "lmi_usage_generation_tokens_total",
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:iteration_tokens_total_count",
 )
+WARM_UPS = 3
+"""Requests per adapter before the first measured probe (adapters loaded, kernels warm)."""
 QUESTIONS = ["What is the capital of France?", "How do I reverse a list in Python?", "Why do we have day and night?",
              "What is photosynthesis?", "How does a bicycle stay upright?", "Why is the ocean salty?"]
 
@@ -156,37 +159,59 @@ def queue_wait(samples: list[dict], tenant: str) -> dict:
     return {"admitted": n, "mean_wait_s": round(total / n, 4) if n else None}
 
 
+async def one_round(client, url: str, variant: str, args, t0: float) -> dict:
+    """Solo probes, then the flood with the same probes from `probe_delay` s in; until the flood is done."""
+    solo = await probes(client, url, variant, args, t0, 0.0)
+    await asyncio.sleep(1.0)
+    t_flood = time.perf_counter() - t0
+    flood_task = asyncio.gather(*(ask(client, url, variant, "flood", i, args, t0) for i in range(args.flood)))
+    under = await probes(client, url, variant, args, t0, args.probe_delay)
+    flood = await flood_task
+    done = time.perf_counter() - t0
+    tokens = sum(r["tokens"] for r in flood + under)
+    return {"solo": solo, "under": under, "flood": flood, "t_flood": t_flood, "done": done,
+            "tokens_per_s": tokens / (done - t_flood)}
+
+
+def ratios(solo: list[dict], under: list[dict]) -> dict:
+    """Probe TTFT under the flood against alone, median and p90."""
+    base, now = stats(solo), stats(under)
+    return {f"probe_{stat[5:8]}_vs_solo": round(now[stat] / base[stat], 2) if base[stat] and now[stat] else None
+            for stat in ("ttft_p50_s", "ttft_p90_s")}
+
+
 async def run_variant(url: str, variant: str, args) -> dict:
     limits = httpx.Limits(max_connections=args.flood + 32, max_keepalive_connections=args.flood + 32)
     async with httpx.AsyncClient(timeout=1800, limits=limits) as client:
-        for who in ("flood", "probe"):  # both adapters loaded, kernels warm
-            await ask(client, url, variant, who, 0, args, time.perf_counter())
+        for _ in range(WARM_UPS):  # both adapters loaded, kernels warm
+            for who in ("flood", "probe"):
+                await ask(client, url, variant, who, 0, args, time.perf_counter())
         t0 = time.perf_counter()
         stop = asyncio.Event()
         scraper = asyncio.create_task(scrape(client, url, variant, args.scrape_every, t0, stop))
-        solo = await probes(client, url, variant, args, t0, 0.0)
-        await asyncio.sleep(1.0)
-        t_flood = time.perf_counter() - t0
-        flood_task = asyncio.gather(*(ask(client, url, variant, "flood", i, args, t0) for i in range(args.flood)))
-        under = await probes(client, url, variant, args, t0, args.probe_delay)
-        flood = await flood_task
-        flood_done = time.perf_counter() - t0
+        rounds = []
+        for _ in range(args.rounds):
+            rounds.append(await one_round(client, url, variant, args, t0))
         await asyncio.sleep(args.scrape_every * 2)
         stop.set()
         samples = await scraper
     tenant = ("flood", "probe") if variant == "keys" else (FLOOD_ADAPTER, PROBE_ADAPTER)
+    t_flood = rounds[0]["t_flood"]
     in_flood = [s for s in samples if s["t"] >= t_flood]
-    tokens = sum(r["tokens"] for r in flood + under)
+    solo = [r for rd in rounds for r in rd["solo"]]
+    under = [r for rd in rounds for r in rd["under"]]
+    flood = [r for rd in rounds for r in rd["flood"]]
     out = {"tenants": {"flood": tenant[0], "probe": tenant[1]}, "probe_solo": stats(solo), "probe_under_flood": stats(under),
-           "flood": stats(flood) | {"done_s": round(flood_done - t_flood, 1),
-                                    "output_tokens_per_s": round(tokens / (flood_done - t_flood), 2)},
+           "flood": stats(flood) | {"done_s": round(rounds[0]["done"] - t_flood, 1),
+                                    "output_tokens_per_s": round(statistics.mean(rd["tokens_per_s"] for rd in rounds), 2)},
            "queue_wait_under_flood": {who: queue_wait(in_flood, t) for who, t in zip(("flood", "probe"), tenant)},
-           "flood_start_s": round(t_flood, 2), "probes": solo + under, "samples": samples}
-    for stat in ("ttft_p50_s", "ttft_p90_s"):
-        base, now = out["probe_solo"][stat], out["probe_under_flood"][stat]
-        out[f"probe_{stat[5:8]}_vs_solo"] = round(now / base, 2) if base and now else None
+           "flood_start_s": round(t_flood, 2), "probes": solo + under, "samples": samples,
+           "rounds": [ratios(rd["solo"], rd["under"]) | {"probe_solo": stats(rd["solo"]), "probe_under_flood": stats(rd["under"]),
+                                                          "flood_tokens_per_s": round(rd["tokens_per_s"], 2)} for rd in rounds]}
+    out |= ratios(solo, under)
     print(f"  {variant}: solo {out['probe_solo']} flood {out['probe_under_flood']} "
-          f"p50 {out['probe_p50_vs_solo']}x p90 {out['probe_p90_vs_solo']}x; flood {out['flood']}", flush=True)
+          f"p50 {out['probe_p50_vs_solo']}x p90 {out['probe_p90_vs_solo']}x; flood {out['flood']}; rounds "
+          + ", ".join(f"{r['probe_p50_vs_solo']}x/{r['probe_p90_vs_solo']}x" for r in out["rounds"]), flush=True)
     return out
 
 
@@ -224,7 +249,9 @@ def plot(doc: dict, name: str) -> list[Path]:
                 f"{r['probe_p50_vs_solo']}x / {r['probe_p90_vs_solo']}x", ha="center", fontsize=8)
     ax.set_xticks([j * 5 + 1.5 for j in range(len(runs))], list(runs))
     ax.set_ylabel("probe TTFT (s)")
+    rounds = doc["args"].get("rounds", 1)
     ax.set_title(f"Probe adapter TTFT, solo (gray) vs under a flood of {doc['args']['flood']} (red); p50 solid, p90 light\n"
+                 f"{doc['args']['probes']} probes x {rounds} round(s) per variant, "
                  f"max_num_seqs={doc['args']['max_num_seqs']}, {doc['machine']['cpus']} CPUs, "
                  f"load avg {doc['load_average_at_start'][0]:.1f} at start")
     fig.tight_layout()
