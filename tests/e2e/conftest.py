@@ -8,8 +8,9 @@ that several modules need; a test that ends its server takes one over at the end
   The concurrent fuzzer reuses it after everything else, then test_lifecycle.py's SIGTERM drain ends it.
 - `busy_server`: the demo model with LoRA off, one sequence at a time and a queue of one
   (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py),
-  with LMCache's disk tier on a volume that holds an earlier run's leftovers and a Redis tier
-  (vLLM's prefix cache off): the seed start of test_kv_restart.py, which ends it after them.
+  with LMCache's disk tier on a volume that holds an earlier run's leftovers and a
+  password-protected Redis tier (vLLM's prefix cache off): the seed start of test_kv_restart.py,
+  which ends it after them.
 - `assistant` (also named `assistant_with_lora`): the embedded assistant with an API key, LoRA on,
   vLLM's request logger and a greedy input formatter (test_assistant_kit.py, test_front_doors.py;
   its base model is the greedy reference of test_assistant_eagle.py, test_speculative.py and
@@ -21,8 +22,9 @@ that several modules need; a test that ends its server takes one over at the end
   that fail on demand, LoRA on and a budget of one engine rebuild (test_lmcache.py, then
   test_lifecycle.py's rebuild and its death past the budget, which ends it).
 - `keyed_server`: the demo model behind a key file of plain keys and named tenants, LoRA, LMCache
-  with a password-protected Redis tier, a batch of one with priority scheduling (test_security.py,
-  test_tenants.py).
+  as `busy_server` has it (the same volume and Redis), a batch of one with priority scheduling:
+  test_kv_restart.py's restart (started there, right after the seed), then test_security.py and
+  test_tenants.py.
 - `lmi_dir`: an LMI user's model directory (formatters, handle, adapters fine-tuned from the hub
   id) with a 128-token context (test_lmi_dropin.py, then test_fuzz.py).
 - `blend_server`: the demo model downloaded from S3 at start-up, with option.tgi_compat, LMCache's
@@ -34,11 +36,11 @@ Servers of their own (their properties conflict with every shared one): the EAGL
 (test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
 the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
 server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py).
-Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and two starts of
-test_kv_restart.py on `busy_server`'s cache directory (its restart, another dtype with LoRA).
+Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and test_kv_restart.py's
+start of another dtype on `busy_server`'s cache directory and Redis.
 
-Engine starts in the whole suite, tests/e2e/test_containers.py apart: 17, the 8 shared servers
-above and 9 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py: its
+Engine starts in the whole suite, tests/e2e/test_containers.py apart: 16, the 8 shared servers
+above and 8 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py: its
 lines hold the corrupt-weights start too, not the scale-out replicas, which deploy/cluster.py starts)."""
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ import psutil
 import pytest
 
 from tests.support.s3 import moto_s3  # noqa: F401 - a fixture (blend_server)
-from tests.support.server import DEMO_PROPS, REPO, ServerProcess, free_port, running_server, server_env, write_properties
+from tests.support.server import DEMO_PROPS, REPO, ServerProcess, running_server, server_env, write_properties
 
 BASE_PROPS = {
     **DEMO_PROPS,  # the tiny trained demo model: fast starts for tests
@@ -91,7 +93,9 @@ FOLLOWS = {
     # the second module of a shared server at once: it does not idle beside the modules between
     "test_front_doors.py": "test_assistant_kit.py",
     "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
-    "test_tenants.py": "test_security.py",
+    # the restart of test_kv_restart.py (which follows test_load_shedding.py), then its own modules
+    "test_security.py": "test_load_shedding.py",
+    "test_tenants.py": "test_load_shedding.py",
     "test_s3_model.py": "test_blend.py",
     "test_adapter_tenants.py": "test_lora.py",  # it loads adapters whose fresh state test_lora.py checks
     "test_speculative.py": "test_assistant_eagle.py",  # the same EAGLE assistant
@@ -175,37 +179,46 @@ def openai_client(server):
 
 @pytest.fixture(scope="session")
 def kv_redis(tmp_path_factory):
-    """test_kv_restart.py's Redis (no password), beside `busy_server`'s volume: its port, or None
-    without redis-server (that module is then skipped)."""
+    """The Redis tier of `busy_server` and `keyed_server` (tests/e2e/test_kv_restart.py's seed and
+    restart), with REDIS_PASSWORD from a 0600 config file: its port, or None without redis-server
+    (test_kv_restart.py and test_security.py are then skipped)."""
     from deploy.cluster import redis_server_binary
-    from tests.support.kv_volume import plain_redis
+    from tests.support.kv_volume import password_redis
 
     if redis_server_binary() is None:
         yield None
         return
-    with plain_redis(tmp_path_factory.mktemp("kv-redis")) as port:
+    with password_redis(tmp_path_factory.mktemp("kv-redis"), REDIS_PASSWORD) as port:
         yield port
 
 
 @pytest.fixture(scope="session")
-def busy_server(tmp_path_factory, kv_redis):
+def kv_volume(tmp_path_factory):
+    """The disk tier of `busy_server` and `keyed_server`: a volume with an earlier run's leftovers
+    (tests/support/kv_volume.py)."""
+    from tests.support.kv_volume import leftover_volume
+
+    return leftover_volume(tmp_path_factory.mktemp("kv-volume"))
+
+
+@pytest.fixture(scope="session")
+def busy_server(tmp_path_factory, kv_volume, kv_redis):
     """LoRA off, one sequence at a time (option.max_rolling_batch_size=1), one request may wait
     (option.job_queue_size=1) for at most 30 s (option.max_queue_wait=30): the load-shedding
     premise (tests/e2e/test_load_shedding.py); other modules send it one request at a time.
-    LMCache's CPU and disk tiers, the disk on a volume with an earlier run's leftovers
-    (`kv_volume`; what it held once ready: `kv_start_state`), and `kv_redis`, vLLM's prefix cache
-    off: tests/e2e/test_kv_restart.py seeds that volume with it last, then restarts on it."""
+    LMCache's CPU and disk tiers, the disk on `kv_volume` (what it held once ready:
+    `kv_start_state`), and `kv_redis`, vLLM's prefix cache off: tests/e2e/test_kv_restart.py seeds
+    them with it last, stops it, then restarts on them as `keyed_server`."""
     from lmi_server.kvcache.disk_budget import chunk_files
-    from tests.support.kv_volume import leftover_volume, lmcache_yaml
+    from tests.support.kv_volume import lmcache_yaml
 
-    volume = leftover_volume(tmp_path_factory.mktemp("kv-volume"))
     model_dir = tmp_path_factory.mktemp("shedding")
-    (model_dir / "lmcache.yaml").write_text(lmcache_yaml(volume, kv_redis))
+    (model_dir / "lmcache.yaml").write_text(lmcache_yaml(kv_volume, kv_redis, REDIS_PASSWORD))
     props = {**BASE_PROPS, "option.max_rolling_batch_size": "1", "option.job_queue_size": "1",
              "option.max_queue_wait": "30", "option.max_model_len": "16384",
              "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"}
-    with running_server(model_dir, props, properties=props, kv_volume=volume) as proc:
-        files = chunk_files(volume)
+    with running_server(model_dir, props, properties=props, kv_volume=kv_volume) as proc:
+        files = chunk_files(kv_volume)
         proc.kv_start_state = (len(files), sum(size for _, size, _ in files))
         yield proc
 
@@ -354,15 +367,19 @@ def raise_late(response):
 
 
 @pytest.fixture(scope="session")
-def keyed_server(tmp_path_factory):
+def keyed_server(tmp_path_factory, kv_volume, kv_redis):
     """API keys only, from a key file: two unnamed keys (rotation, tests/e2e/test_security.py) and
     three named tenants (tests/e2e/test_tenants.py). For security: LoRA with the example adapters,
-    a copy and one whose formatter fails mid-stream; LMCache's CPU tier and a Redis tier with a
-    password from a 0600 config file (never on a command line), vLLM's prefix cache off. For
-    tenants: a batch of one (plus option.reserved_slots) with vLLM's priority scheduling, a queue
-    of ten, half of it per tenant, and a context long enough for a holding request of 15,000 tokens."""
-    from deploy.cluster import redis_server_binary
+    a copy and one whose formatter fails mid-stream; LMCache as `busy_server` has it (CPU tier, the
+    disk tier on `kv_volume`, `kv_redis` with its password from a 0600 config file, never on a
+    command line), vLLM's prefix cache off: it is the restart of tests/e2e/test_kv_restart.py, which
+    runs first (`kv_start` is when it was started). For tenants: a batch of one (plus
+    option.reserved_slots) with vLLM's priority scheduling, a queue of ten, half of it per tenant,
+    and a context long enough for a holding request of 15,000 tokens."""
+    import time
+
     from lmi_server.demo.builder import ensure_demo_model
+    from tests.support.kv_volume import lmcache_yaml
 
     model_dir = tmp_path_factory.mktemp("keyed-model-dir")
     root = model_dir / "adapters"
@@ -371,15 +388,8 @@ def keyed_server(tmp_path_factory):
     shutil.copytree(root / "hello-printer", root / "hello-copy")
     shutil.copytree(root / "hello-printer", root / "raising-late")
     (root / "raising-late" / "model.py").write_text(RAISE_LATE)
-    lmcache = "chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
-    redis, redis_port = None, free_port()
-    if redis_server_binary() is not None:  # else test_security.py is skipped; test_tenants.py needs no Redis
-        conf = model_dir / "redis.conf"
-        conf.write_text(f"port {redis_port}\nbind 127.0.0.1\nrequirepass {REDIS_PASSWORD}\nsave \"\"\nappendonly no\ndir {model_dir}\n")
-        conf.chmod(0o600)
-        redis = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        lmcache += f"remote_url: \"redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_port}\"\n"
-    (model_dir / "lmcache.yaml").write_text(lmcache)
+    # else (no redis-server) test_security.py and test_kv_restart.py are skipped; test_tenants.py needs no Redis
+    (model_dir / "lmcache.yaml").write_text(lmcache_yaml(kv_volume, kv_redis, REDIS_PASSWORD))
     (model_dir / "api_keys").write_text(
         "# rotation: both keys work\n" + "\n".join(SECURITY_KEYS) + "\n"
         f"name=alice key={TENANT_KEYS['alice']}\nname=bob key={TENANT_KEYS['bob']} weight=2\n"
@@ -394,13 +404,8 @@ def keyed_server(tmp_path_factory):
         # the holding request must outlast the tenants' tests on a fast, quiet host (3,500 tokens did not)
         "option.max_model_len": "16384",
     }
-    try:
-        with running_server(model_dir, props, redis_port=redis_port, adapters_root=root) as proc:
-            yield proc
-    finally:
-        if redis is not None:
-            redis.terminate()
-            redis.wait(10)
+    with running_server(model_dir, props, redis_port=kv_redis, adapters_root=root, kv_start=time.time()) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,16 @@
 """KV that survives a restart, end to end, with three engine starts on one cache directory and one
 Redis: (1) the demo model seeds two documents: the session's `busy_server` (tests/e2e/conftest.py),
-started on this volume and Redis, after its other modules (it is stopped here); (2) a restarted
-server on the same directory, Redis and configuration serves one document from the disk tier and
-the other from Redis, same answers; (3) a server with another dtype and LoRA on, on the same
-directory, finds nothing (nor does an adapter request, even where its base model's KV is stored),
-because the keys carry what makes KV valid. The disk tier's size limit counts the files an
-earlier run left (tests/support/kv_volume.py)."""
+started on this volume and Redis, after its other modules (it is stopped here); (2) a server
+restarted on the same directory, Redis and LMCache configuration, the session's `keyed_server`
+(API keys, LoRA on: neither enters the KV namespace; tests/e2e/test_security.py and
+test_tenants.py use it after this module), serves one document from the disk tier and the other
+from Redis, same answers, while an adapter's request finds nothing of its base model's KV; (3) a
+server with another dtype on the same directory and Redis finds nothing, because the keys carry
+what makes KV valid. The disk tier's size limit counts the files an earlier run left
+(tests/support/kv_volume.py)."""
 
 from __future__ import annotations
 
-import shutil
 import sysconfig
 import time
 from pathlib import Path
@@ -17,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.cluster import redis_dbsize, redis_server_binary, resp_command
+from deploy.cluster import redis_server_binary
 from lmi_server.kvcache.disk_budget import chunk_files
-from tests.e2e.conftest import LORA_PROPS, _adapters_for
+from tests.e2e.conftest import REDIS_PASSWORD, SECURITY_KEYS
 from tests.e2e.test_api import metric_value
-from tests.support.kv_volume import FAKE_MIB, LIMIT, lmcache_yaml
+from tests.support.kv_volume import FAKE_MIB, LIMIT, lmcache_yaml, redis_command, redis_dbsize
 from tests.support.server import DEMO_PROPS, running_server
 
 pytestmark = pytest.mark.skipif(
@@ -33,12 +34,15 @@ def document(name: str, n_chars: int = 7000) -> str:
     return Path(sysconfig.get_paths()["stdlib"], name).read_text()[:n_chars]
 
 
-DOC_A, DOC_B = document("argparse.py"), document("typing.py")
+# Not the documents tests/e2e/test_security.py sends the restart (`keyed_server`) later: its
+# isolation checks expect no KV of their prompts stored before them.
+DOC_A, DOC_B = document("inspect.py"), document("tarfile.py")
+AUTH = {"Authorization": f"Bearer {SECURITY_KEYS[0]}"}  # `keyed_server` wants a key; the others ignore it
 
 
 @pytest.fixture(scope="module")
 def redis(kv_redis):
-    """The session's Redis beside `busy_server`'s volume (tests/e2e/conftest.py)."""
+    """The session's Redis beside `busy_server`'s volume (tests/e2e/conftest.py), password-protected."""
     return kv_redis
 
 
@@ -49,14 +53,14 @@ def cache_dir(busy_server):
 
 
 def props_for(model_dir: Path, cache_dir: Path, redis_port: int, **extra: str) -> dict[str, str]:
-    (model_dir / "lmcache.yaml").write_text(lmcache_yaml(cache_dir, redis_port))
+    (model_dir / "lmcache.yaml").write_text(lmcache_yaml(cache_dir, redis_port, REDIS_PASSWORD))
     return {**DEMO_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml",
             **extra}
 
 
 def complete(server, prompt: str, adapter: str | None = None) -> dict:
     body = {"model": adapter or "lmi-demo", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
-    r = httpx.post(server.base_url + "/v1/completions", json=body, timeout=300)
+    r = httpx.post(server.base_url + "/v1/completions", json=body, headers=AUTH, timeout=300)
     assert r.status_code == 200, r.text
     out = r.json()
     return {"text": out["choices"][0]["text"], "cached": out["usage"]["prompt_tokens_details"]["cached_tokens"],
@@ -64,7 +68,7 @@ def complete(server, prompt: str, adapter: str | None = None) -> dict:
 
 
 def metric(server, name: str) -> float:
-    return metric_value(httpx.get(server.base_url + "/metrics").text, name) or 0.0
+    return metric_value(httpx.get(server.base_url + "/metrics", headers=AUTH).text, name) or 0.0
 
 
 def real_chunks(d: Path) -> set[str]:
@@ -76,7 +80,7 @@ def wait_stored(cache_dir: Path, redis_port: int, before: set[str]) -> set[str]:
     last, stable = None, 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and stable < 3:
-        now = (frozenset(real_chunks(cache_dir) - before), redis_dbsize(redis_port))
+        now = (frozenset(real_chunks(cache_dir) - before), redis_dbsize(redis_port, REDIS_PASSWORD))
         stable = stable + 1 if now == last and now[0] else 0
         last = now
         time.sleep(1)
@@ -111,8 +115,8 @@ def seeded(busy_server, cache_dir, redis):
         warm = complete(busy_server, DOC_A)
     finally:
         busy_server.stop()
-    return {"model_dir": busy_server.model_dir, "properties": busy_server.properties, "a": a, "b": b,
-            "warm_a": warm, "files_a": files_a, "files_b": files_b, "start_state": busy_server.kv_start_state}
+    return {"a": a, "b": b, "warm_a": warm, "files_a": files_a, "files_b": files_b,
+            "start_state": busy_server.kv_start_state, "stopped": time.time()}
 
 
 def test_start_counts_an_earlier_runs_files_against_the_limit(seeded, cache_dir):
@@ -127,15 +131,18 @@ def test_start_counts_an_earlier_runs_files_against_the_limit(seeded, cache_dir)
 
 
 @pytest.fixture(scope="module")
-def restarted(seeded, cache_dir, redis):
-    """Engine 2 on the same directory and Redis. Before it starts, document A is left on disk only
-    and document B in Redis only, so each hit names its tier."""
+def restarted(seeded, cache_dir, redis, request):
+    """Engine 2 on the same directory, Redis and LMCache configuration: the session's
+    `keyed_server`, started here. Before it starts, document A is left on disk only and document B
+    in Redis only, so each hit names its tier."""
     for name in seeded["files_b"]:
         (cache_dir / name).unlink(missing_ok=True)
     for name in seeded["files_a"]:
-        assert resp_command(redis, "DEL", redis_key(name)).startswith(b":1"), name
-    with running_server(seeded["model_dir"], seeded["properties"]) as server:
-        yield server
+        assert redis_command(redis, REDIS_PASSWORD, "DEL", redis_key(name)).startswith(b":1"), name
+    server = request.getfixturevalue("keyed_server")
+    assert server.kv_start > seeded["stopped"], "keyed_server started before the seed: not a restart"
+    assert (server.model_dir / "lmcache.yaml").read_text() == lmcache_yaml(cache_dir, redis, REDIS_PASSWORD)
+    return server
 
 
 def test_restarted_server_serves_a_document_from_the_disk_tier(seeded, restarted):
@@ -167,24 +174,24 @@ def test_the_limit_holds_across_restarts(seeded, restarted, cache_dir):
     assert seeded["files_a"] <= real_chunks(cache_dir)  # this run's chunks are newer than every leftover
 
 
+def test_an_adapter_never_reads_its_base_models_chunks(seeded, restarted):
+    """Document A's base KV is in the restart's CPU tier and on disk now (the tests above)."""
+    adapted = complete(restarted, DOC_A, adapter="hello-printer")
+    assert adapted["cached"] == 0, adapted
+    # and the base request still hits: the miss above is the keys' doing
+    assert complete(restarted, DOC_A)["cached"] >= 1024
+
+
 @pytest.fixture(scope="module")
 def other_dtype(restarted, seeded, cache_dir, redis, tmp_path_factory):
-    """Engine 3: bfloat16 and LoRA on, same directory and Redis (engine 2 stopped first)."""
-    from lmi_server.demo.builder import ensure_demo_model
-
-    restarted.stop()
+    """Engine 3: bfloat16, same directory, Redis and LMCache configuration (engine 2, idle, goes on
+    serving the session)."""
     model_dir = tmp_path_factory.mktemp("kv-restart-bf16")
-    root = model_dir / "adapters"
-    root.mkdir()
-    _adapters_for(ensure_demo_model(), root)
-    props = props_for(model_dir, cache_dir, redis, **{**LORA_PROPS, "option.dtype": "bf16",
-                                                      "option.adapters_path": str(root)})
-    with running_server(model_dir, props) as server:
+    with running_server(model_dir, props_for(model_dir, cache_dir, redis, **{"option.dtype": "bf16"})) as server:
         yield server
-    shutil.rmtree(root, ignore_errors=True)
 
 
-def test_other_dtype_and_adapter_never_read_those_chunks(seeded, other_dtype, cache_dir, redis):
+def test_other_dtype_never_reads_those_chunks(seeded, other_dtype, cache_dir, redis):
     before = real_chunks(cache_dir)
     base = complete(other_dtype, DOC_A)
     assert base["cached"] == 0, base  # the float32 chunks of A are on disk: not this server's namespace
@@ -192,10 +199,7 @@ def test_other_dtype_and_adapter_never_read_those_chunks(seeded, other_dtype, ca
     added = wait_stored(cache_dir, redis, before)
     namespaces = {n.split("@")[0] for n in added}
     assert len(namespaces) == 1 and namespaces.isdisjoint({n.split("@")[0] for n in seeded["files_a"]})
-    # the adapter's request misses although this server's own base KV of A is stored now
-    adapted = complete(other_dtype, DOC_A, adapter="hello-printer")
-    assert adapted["cached"] == 0, adapted
-    # and the base request hits its own KV: the misses above are the keys' doing
+    # the base request hits its own KV: the miss above is the keys' doing
     again = complete(other_dtype, DOC_A)
     assert again["cached"] >= 1024 and again["text"] == base["text"]
 

@@ -1,9 +1,10 @@
 """Security end to end, on one real server: API keys (also through the official openai client),
-KV reuse isolated between adapters and the base model (LMCache CPU tier, fp32, greedy), the
-Redis tier's password kept off every command line and out of the log, and output formatters
+KV reuse isolated between adapters and the base model (LMCache's CPU, disk and Redis tiers, fp32,
+greedy), the Redis tier's password kept off every command line and out of the log, and output formatters
 that fail mid-stream (error event, engine request aborted, adapter lease released). The server
 (`keyed_server`, tests/e2e/conftest.py) is shared with tests/e2e/test_tenants.py, which runs after
-this module: its tenants' keys are in the same key file."""
+this module: its tenants' keys are in the same key file. It is tests/e2e/test_kv_restart.py's
+restart first, on `busy_server`'s volume and Redis (that module's documents are not these)."""
 
 from __future__ import annotations
 
@@ -113,8 +114,10 @@ def test_kv_computed_under_an_adapter_is_not_reused_by_the_base_model(secure):
 
 
 def test_redis_password_is_on_no_command_line_and_not_in_the_log(secure):
+    before = redis_dbsize_auth(secure.redis_port)  # the Redis is busy_server's too (tests/e2e/conftest.py)
+    complete(secure, Path(sysconfig.get_paths()["stdlib"], "pathlib.py").read_text()[:5000], BASE, max_tokens=2)
     time.sleep(3)  # L2 writes complete after the responses
-    assert redis_dbsize_auth(secure.redis_port) > 0, "nothing reached the password-protected Redis tier"
+    assert redis_dbsize_auth(secure.redis_port) > before, "nothing reached the password-protected Redis tier"
     needle = REDIS_PASSWORD.encode()
     for proc in psutil.process_iter():
         try:

@@ -371,3 +371,10 @@ def fuzz(target: Target, seconds: float, *, seed: int = 0, request_timeout: floa
         runner.close()
         stats.seconds = time.monotonic() - started
     return stats
+
+
+def fuzz_figures(target: Target, seconds: float, **kwargs: Any) -> dict[str, Any]:
+    """`fuzz`'s figures as plain data, with whether it failed: what a process running it for
+    another (tests/e2e/test_concurrent_fuzz.py, one process per configuration) sends back."""
+    stats = fuzz(target, seconds, **kwargs)
+    return {**stats.as_json(), "failed": stats.failed()}

@@ -1,17 +1,19 @@
 """The KV volume and Redis of tests/e2e/test_kv_restart.py. Its seed start is the session's
-`busy_server` (tests/e2e/conftest.py), started on this volume: both need the same leftovers of an
-earlier run (over the disk tier's limit on their own) and the same LMCache configuration."""
+`busy_server`, its restart the session's `keyed_server` (tests/e2e/conftest.py), both on this volume
+and this Redis (a password from a 0600 config file): they need the same leftovers of an earlier
+run (over the disk tier's limit on their own) and the same LMCache configuration."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from deploy.cluster import redis_server_binary, resp_command
+from deploy.cluster import redis_server_binary
 from lmi_server.kvcache.resolve import free_local_port
 
 LIMIT_GIB = 0.05  # 51.2 MiB; the demo model's KV is 2 MiB per 256-token chunk in float32
@@ -29,26 +31,55 @@ def leftover_volume(d: Path) -> Path:
     return d
 
 
-def lmcache_yaml(volume: Path, redis_port: int | None) -> str:
+def lmcache_yaml(volume: Path, redis_port: int | None, password: str | None = None) -> str:
     """LMCache's CPU tier, the disk tier on `volume` under LIMIT_GIB and, where given, a Redis tier."""
     text = f"chunk_size: 256\nmax_local_cpu_size: 0.5\nlocal_disk: \"file://{volume}\"\nmax_local_disk_size: {LIMIT_GIB}\n"
-    return text + (f"remote_url: \"redis://127.0.0.1:{redis_port}\"\n" if redis_port else "")
+    auth = f":{password}@" if password else ""
+    return text + (f"remote_url: \"redis://{auth}127.0.0.1:{redis_port}\"\n" if redis_port else "")
+
+
+def _resp(*args: str) -> bytes:
+    return f"*{len(args)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
+
+
+def redis_command(port: int, password: str, *args: str) -> bytes:
+    """One RESP command after AUTH on the same connection: its reply (one line: +, -, : replies)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2.0) as s:
+        s.sendall(_resp("AUTH", password) + _resp(*args))
+        data = b""
+        while data.count(b"\r\n") < 2:  # AUTH's +OK, then the command's reply
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    auth, _, reply = data.partition(b"\r\n")
+    if auth != b"+OK":
+        raise RuntimeError(f"AUTH refused: {data!r}")
+    return reply
+
+
+def redis_dbsize(port: int, password: str) -> int:
+    reply = redis_command(port, password, "DBSIZE")
+    if not reply.startswith(b":"):
+        raise RuntimeError(f"unexpected DBSIZE reply {reply!r}")
+    return int(reply[1:].split(b"\r\n")[0])
 
 
 @contextlib.contextmanager
-def plain_redis(work: Path) -> Iterator[int]:
-    """A real redis-server on a free loopback port (no persistence), answering PING; its port."""
+def password_redis(work: Path, password: str) -> Iterator[int]:
+    """A real redis-server on a free loopback port (no persistence) whose password is read from a
+    0600 config file in `work` (never on a command line), answering PING; its port."""
     port = free_local_port()
-    proc = subprocess.Popen(
-        [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    conf = work / "redis.conf"
+    conf.write_text(f"port {port}\nbind 127.0.0.1\nrequirepass {password}\nsave \"\"\nappendonly no\ndir {work}\n")
+    conf.chmod(0o600)
+    proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if resp_command(port, "PING").startswith(b"+PONG"):
+            if redis_command(port, password, "PING").startswith(b"+PONG"):
                 break
-        except OSError:
+        except (OSError, RuntimeError):
             time.sleep(0.2)
     try:
         yield port
