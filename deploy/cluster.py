@@ -87,16 +87,32 @@ def router_binary() -> str | None:
     return str(local) if local.exists() else shutil.which("vllm-router")
 
 
-def resp_command(port: int, *args: str, timeout: float = 2.0) -> bytes:
-    """One RESP command against the Redis-protocol server (no client library needed)."""
-    payload = f"*{len(args)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
+def _resp(*args: str) -> bytes:
+    return f"*{len(args)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
+
+
+def resp_command(port: int, *args: str, timeout: float = 2.0, password: str | None = None) -> bytes:
+    """One RESP command against the Redis-protocol server (no client library needed); with
+    `password`, after AUTH on the same connection (its +OK is not part of the reply)."""
     with socket.create_connection((LOOPBACK, port), timeout=timeout) as s:
-        s.sendall(payload)
-        return s.recv(65536)
+        if password is None:
+            s.sendall(_resp(*args))
+            return s.recv(65536)
+        s.sendall(_resp("AUTH", password) + _resp(*args))
+        data = b""
+        while data.count(b"\r\n") < 2:  # AUTH's +OK, then the command's one-line reply
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    auth, _, reply = data.partition(b"\r\n")
+    if auth != b"+OK":
+        raise ClusterError(f"AUTH refused: {data!r}")
+    return reply
 
 
-def redis_dbsize(port: int) -> int:
-    reply = resp_command(port, "DBSIZE")
+def redis_dbsize(port: int, password: str | None = None) -> int:
+    reply = resp_command(port, "DBSIZE", password=password)
     if not reply.startswith(b":"):
         raise ClusterError(f"unexpected DBSIZE reply {reply!r}")
     return int(reply[1:].split(b"\r\n")[0])

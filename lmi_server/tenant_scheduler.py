@@ -95,8 +95,8 @@ class TenantPrefillScheduler(Scheduler):
         self._cleared_step = -1
 
     def _newcomers_due(self) -> list[Any]:
-        if self._cleared_step == self.current_step or len(self.running) >= self.max_num_running_reqs:
-            return []  # never two cleared steps in a row; no slot for a newcomer
+        if not self.waiting or self._cleared_step == self.current_step or len(self.running) >= self.max_num_running_reqs:
+            return []  # nobody waits (most steps); never two cleared steps in a row; no slot for a newcomer
         return newcomers(self.waiting, self.running)
 
     def schedule(self, *args: Any, **kwargs: Any):

@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.cluster import redis_server_binary
+from deploy.cluster import redis_dbsize, redis_server_binary, resp_command
 from lmi_server.kvcache.disk_budget import chunk_files
 from tests.e2e.conftest import REDIS_PASSWORD, SECURITY_KEYS
 from tests.e2e.test_api import metric_value
-from tests.support.kv_volume import FAKE_MIB, LIMIT, lmcache_yaml, redis_command, redis_dbsize
+from tests.support.kv_volume import FAKE_MIB, LIMIT, lmcache_yaml
 from tests.support.server import DEMO_PROPS, running_server
 
 pytestmark = pytest.mark.skipif(
@@ -80,7 +80,7 @@ def wait_stored(cache_dir: Path, redis_port: int, before: set[str]) -> set[str]:
     last, stable = None, 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and stable < 3:
-        now = (frozenset(real_chunks(cache_dir) - before), redis_dbsize(redis_port, REDIS_PASSWORD))
+        now = (frozenset(real_chunks(cache_dir) - before), redis_dbsize(redis_port, password=REDIS_PASSWORD))
         stable = stable + 1 if now == last and now[0] else 0
         last = now
         time.sleep(1)
@@ -138,7 +138,7 @@ def restarted(seeded, cache_dir, redis, request):
     for name in seeded["files_b"]:
         (cache_dir / name).unlink(missing_ok=True)
     for name in seeded["files_a"]:
-        assert redis_command(redis, REDIS_PASSWORD, "DEL", redis_key(name)).startswith(b":1"), name
+        assert resp_command(redis, "DEL", redis_key(name), password=REDIS_PASSWORD).startswith(b":1"), name
     server = request.getfixturevalue("keyed_server")
     assert server.kv_start > seeded["stopped"], "keyed_server started before the seed: not a restart"
     assert (server.model_dir / "lmcache.yaml").read_text() == lmcache_yaml(cache_dir, redis, REDIS_PASSWORD)

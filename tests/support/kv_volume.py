@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from deploy.cluster import redis_server_binary
+from deploy.cluster import ClusterError, redis_server_binary, resp_command
 from lmi_server.kvcache.resolve import free_local_port
 
 LIMIT_GIB = 0.05  # 51.2 MiB; the demo model's KV is 2 MiB per 256-token chunk in float32
@@ -38,33 +37,6 @@ def lmcache_yaml(volume: Path, redis_port: int | None, password: str | None = No
     return text + (f"remote_url: \"redis://{auth}127.0.0.1:{redis_port}\"\n" if redis_port else "")
 
 
-def _resp(*args: str) -> bytes:
-    return f"*{len(args)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
-
-
-def redis_command(port: int, password: str, *args: str) -> bytes:
-    """One RESP command after AUTH on the same connection: its reply (one line: +, -, : replies)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=2.0) as s:
-        s.sendall(_resp("AUTH", password) + _resp(*args))
-        data = b""
-        while data.count(b"\r\n") < 2:  # AUTH's +OK, then the command's reply
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    auth, _, reply = data.partition(b"\r\n")
-    if auth != b"+OK":
-        raise RuntimeError(f"AUTH refused: {data!r}")
-    return reply
-
-
-def redis_dbsize(port: int, password: str) -> int:
-    reply = redis_command(port, password, "DBSIZE")
-    if not reply.startswith(b":"):
-        raise RuntimeError(f"unexpected DBSIZE reply {reply!r}")
-    return int(reply[1:].split(b"\r\n")[0])
-
-
 @contextlib.contextmanager
 def password_redis(work: Path, password: str) -> Iterator[int]:
     """A real redis-server on a free loopback port (no persistence) whose password is read from a
@@ -77,9 +49,9 @@ def password_redis(work: Path, password: str) -> Iterator[int]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if redis_command(port, password, "PING").startswith(b"+PONG"):
+            if resp_command(port, "PING", password=password).startswith(b"+PONG"):
                 break
-        except (OSError, RuntimeError):
+        except (OSError, ClusterError):
             time.sleep(0.2)
     try:
         yield port
