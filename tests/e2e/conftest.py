@@ -56,6 +56,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.prestart import prestartable
 from tests.support.s3 import moto_s3  # noqa: F401 - a fixture (blend_server)
 from tests.support.server import DEMO_PROPS, REPO, ServerProcess, running_server, server_env, write_properties
 
@@ -137,6 +138,7 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 @pytest.fixture(scope="session")
+@prestartable
 def server(tmp_path_factory):
     """The demo model with the tool-calling options and LoRA on, with its example adapters plus: a
     third copy (three adapters compete for max_loras=2), one whose script fails to import (424)
@@ -202,6 +204,7 @@ def kv_volume(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@prestartable
 def busy_server(tmp_path_factory, kv_volume, kv_redis):
     """LoRA off, one sequence at a time (option.max_rolling_batch_size=1), one request may wait
     (option.job_queue_size=1) for at most 30 s (option.max_queue_wait=30): the load-shedding
@@ -247,6 +250,7 @@ def _adapters_for(base: Path, root: Path) -> None:
 
 
 @pytest.fixture(scope="session")
+@prestartable
 def assistant(tmp_path_factory):
     """The embedded assistant (the default model) with an API key, LoRA on (its example adapters,
     tests/e2e/test_assistant_kit.py), vLLM's request logger (tests/e2e/test_front_doors.py checks
@@ -271,6 +275,7 @@ def assistant_with_lora(assistant):
 
 
 @pytest.fixture(scope="session")
+@prestartable
 def assistant_eagle(tmp_path_factory):
     """The README's speculative-decoding example: `option.speculative_method=eagle` and nothing else
     on the embedded assistant, whose shipped EAGLE-1 head it finds by itself
@@ -301,6 +306,7 @@ def on_connector_import():
 
 
 @pytest.fixture(scope="session")
+@prestartable
 def lmcache_demo(tmp_path_factory):
     """The demo model with LMCache (CPU RAM + disk tiers; vLLM's prefix cache off, so that
     cached_tokens counts LMCache hits only), KV loads that fail on demand (`fail_loads`, a file
@@ -409,6 +415,7 @@ def keyed_server(tmp_path_factory, kv_volume, kv_redis):
 
 
 @pytest.fixture(scope="session")
+@prestartable
 def lmi_dir(tmp_path_factory):
     """An LMI user's model directory, unchanged (tests/support/lmi_model_dir.py: model-level
     formatters and handle, adapters fine-tuned from the hub id), LoRA on; with a short context
@@ -428,6 +435,7 @@ S3_MODEL_URL = "s3://models/lmi-demo"  # its last component is the served name, 
 
 
 @pytest.fixture(scope="session")
+@prestartable
 def blend_server(tmp_path_factory, moto_s3):
     """The demo model as a TGI client's deployment finds it in S3: uploaded to a real S3-protocol
     server on loopback and downloaded at start-up (option.model_id=s3://models/lmi-demo, the

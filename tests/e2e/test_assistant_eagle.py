@@ -11,6 +11,7 @@ import pytest
 
 from tests.e2e.conftest import ASSISTANT_KEY
 from tests.e2e.test_api import metric_value
+from tests.support.prestart import prestartable
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +41,7 @@ PROMPTS = [  # none of them in the corpus the EAGLE-3 head learned from
 
 
 @pytest.fixture(scope="module")
+@prestartable
 def assistant_with_eagle3(tmp_path_factory):
     props = {"option.speculative_method": "eagle3", "option.cpu_kv_cache_space": "1"}
     with running_server(tmp_path_factory.mktemp("assistant-eagle3"), props) as proc:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from lmi_server.demo.embedding import DIMENSIONS, MAX_TOKENS, SERVED_NAME, model_dir
+from tests.support.prestart import prestartable
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.e2e
@@ -44,6 +45,7 @@ def reference():
 
 
 @pytest.fixture(scope="module")
+@prestartable
 def server(tmp_path_factory):
     with running_server(tmp_path_factory.mktemp("embed-model"), PROPS) as proc:
         yield proc

@@ -12,6 +12,7 @@ import os
 import httpx
 import pytest
 
+from tests.support.prestart import prestartable
 from tests.support.server import REPO, ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -29,6 +30,7 @@ def newcomer_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+@prestartable
 def make_serve(tmp_path_factory):
     log = tmp_path_factory.mktemp("make-serve") / "server.log"
     proc = ServerProcess(None, log, argv=["make", "-C", str(REPO), "serve", "PORT={port}"])

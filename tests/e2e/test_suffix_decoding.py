@@ -16,6 +16,7 @@ import pytest
 
 from tests.e2e.conftest import ASSISTANT_KEY
 from tests.e2e.test_api import metric_value
+from tests.support.prestart import prestartable
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.e2e
@@ -26,6 +27,7 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 
 
 @pytest.fixture(scope="module")
+@prestartable
 def assistant_with_suffix(tmp_path_factory):
     props = {"option.speculative_method": "suffix", "option.cpu_kv_cache_space": "1"}
     with running_server(tmp_path_factory.mktemp("assistant-suffix"), props) as proc:

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from lmi_server.config.schema import VISION_SERVED_NAME as MODEL
+from tests.support.prestart import prestartable
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.e2e
@@ -101,6 +102,7 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
+@prestartable
 def server(tmp_path_factory):
     """The vision model with LMCache's cache server (256-token chunks on CPU) and vLLM's prefix
     cache on."""
