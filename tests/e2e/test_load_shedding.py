@@ -48,6 +48,7 @@ def metric(server: ServerProcess, name: str, labels: str = "") -> float:
     return 0.0
 
 
+@pytest.mark.alone  # "at once" is timed
 def test_full_queue_is_refused_at_once_and_a_long_wait_is_dropped(busy_server):
     stop, started, seen = threading.Event(), threading.Event(), {}
     holder = threading.Thread(target=hold_the_engine, args=(busy_server, stop, started, seen))

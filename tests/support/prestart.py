@@ -10,7 +10,8 @@ finds the next such fixture they will ask for and runs that code in a thread; wh
 for the fixture, it takes the running server instead of starting one. The code after `yield` (the
 server's stop) runs as it always did, in the main thread. At most two servers wait started ahead,
 and only while the host has memory to spare; a fixture whose arguments are not all session-scoped
-(a module's own fixture, `request`) starts when it is asked for, as without this module.
+(a module's own fixture, `request`) starts when it is asked for, as without this module. A test
+that times the server's answers is marked `alone`: no start runs beside it.
 """
 
 from __future__ import annotations
@@ -113,7 +114,12 @@ def _arguments(func: Callable, user: pytest.Item) -> dict[str, Any] | None:
 
 
 def ahead(item: pytest.Item) -> None:
-    """Start the next server the coming tests ask for, if none waits already and memory allows."""
+    """Start the next server the coming tests ask for, if none waits already and memory allows;
+    before a test marked `alone`, let every start under way finish and begin none."""
+    if item.get_closest_marker("alone"):
+        for started in _ahead.values():
+            started.thread.join()
+        return
     if sum(not a.taken for a in _ahead.values()) >= MAX_WAITING:
         return
     if psutil.virtual_memory().available < MIN_AVAILABLE_BYTES:

@@ -80,6 +80,50 @@ def test_other_user(needs_request):
     note("test", "other")
 """
 
+ALONE = """
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from tests.support.prestart import prestartable
+
+
+def note(*event):
+    with open(os.environ["EVENTS"], "a") as fh:
+        fh.write(json.dumps([*event, threading.current_thread().name, time.monotonic()]) + "\\n")
+
+
+@pytest.fixture(scope="module")
+@prestartable
+def first(tmp_path_factory):
+    yield "first"
+
+
+@pytest.fixture(scope="module")
+@prestartable
+def later(tmp_path_factory):
+    note("start", "later")
+    time.sleep(1.5)
+    note("ready", "later")
+    yield "later"
+
+
+def test_first(first):
+    note("test", "first")
+
+
+@pytest.mark.alone
+def test_timed():
+    note("test", "timed")
+
+
+def test_user(later):
+    note("test", "user")
+"""
+
 
 def run(tmp_path: Path, tests: str, *args: str) -> tuple[subprocess.CompletedProcess, list[list]]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
@@ -98,10 +142,9 @@ def test_a_server_starts_in_a_thread_during_the_test_before_its_user_and_stops_a
     proc, events = run(tmp_path, TESTS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = [(kind, what, thread) for kind, what, thread, _ in events]
-    assert names[0] == ("test", "before", "MainThread")
     assert ("start", "server", "prestart") in names  # run ahead, not in the user's setup
     when = {(kind, what): t for kind, what, _, t in events}
-    assert when[("start", "server")] < when[("test", "before")] + 1.0  # while the test before ran
+    assert when[("start", "server")] < when[("test", "before")] + 1.0  # while the test before ran (2 s)
     assert names.index(("test", "user", "MainThread")) < names.index(("stop", "server", "MainThread"))
     assert names.count(("start", "server", "prestart")) == 1 and ("start", "server", "MainThread") not in names
     # a fixture that asks for `request` cannot run ahead: it starts in its user's setup
@@ -115,3 +158,11 @@ def test_a_server_started_ahead_for_a_test_that_never_runs_is_stopped_at_the_end
     names = [(kind, what, thread) for kind, what, thread, _ in events]
     assert ("start", "server", "prestart") in names and ("test", "user", "MainThread") not in names
     assert names[-1] == ("stop", "server", "MainThread")
+
+
+def test_no_start_runs_beside_a_test_marked_alone(tmp_path):
+    proc, events = run(tmp_path, ALONE, "-p", "no:warnings")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = [(kind, what) for kind, what, _, _ in events]
+    # begun ahead during test_first, finished before the timed test began
+    assert names.index(("start", "later")) < names.index(("ready", "later")) < names.index(("test", "timed"))
