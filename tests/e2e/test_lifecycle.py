@@ -7,6 +7,7 @@ first, then a death past its budget of one), the drain the demo server after eve
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from tests.support.server import REPO, ServerProcess, server_env, write_properti
 
 
 STREAM_TOKENS = 3000
+DRAIN_STREAM_S = 15  # how long the drain test's streams last: well past its checks after SIGTERM
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -191,6 +193,19 @@ def test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits
         assert not _alive(children)
 
 
+def _drain_stream_tokens(server: ServerProcess) -> int:
+    """Tokens for two concurrent streams of about DRAIN_STREAM_S seconds on this host, from two
+    concurrent requests timed here (at most STREAM_TOKENS; at least 400, which ended within a second
+    of SIGTERM on a fast host)."""
+    body = {"model": "lmi-demo", "prompt": "import os\n", "max_tokens": 200, "ignore_eos": True}
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: httpx.post(server.base_url + "/v1/completions", json=body, timeout=120), range(2)))
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    per_second = 200 / (time.monotonic() - t0)
+    return max(400, min(STREAM_TOKENS, round(per_second * DRAIN_STREAM_S)))
+
+
 def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(server):
     """The session's demo server (tests/e2e/conftest.py), when every other test is done with it
     (this test runs last): its drain outlasts the long streams (option.graceful_shutdown_timeout)."""
@@ -204,7 +219,8 @@ def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(server):
         results: list[dict] = [{"streaming": threading.Event()}, {"streaming": threading.Event()}]
         # Long enough to be still running after the checks below on a fast host (400 tokens of the
         # tiny model ended within a second of SIGTERM there, and the server was gone before the POST).
-        workers = [threading.Thread(target=_stream_tokens, args=(server, r, STREAM_TOKENS)) for r in results]
+        tokens = _drain_stream_tokens(server)
+        workers = [threading.Thread(target=_stream_tokens, args=(server, r, tokens)) for r in results]
         for w in workers:
             w.start()
         for r in results:
@@ -221,7 +237,7 @@ def test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process(server):
         for w in workers:
             w.join(240)
         for r in results:  # the open streams ran to their end
-            assert r.get("status") == 200 and r.get("done") and r.get("tokens") == STREAM_TOKENS and "error_event" not in r, r
+            assert r.get("status") == 200 and r.get("done") and r.get("tokens") == tokens and "error_event" not in r, r
         assert server.proc.wait(90) == 0
         log = server.log_path.read_text(errors="replace")[log_start:]
         assert "drained: no request in flight" in log and "shutting down: stopping the engine" in log
