@@ -8,7 +8,9 @@ is checked by the render) and reads back:
 - serving.properties and lmcache.yaml from their ConfigMaps,
 - the literal environment of the lmi-server container,
 - vllm-router's arguments from the router Deployment,
-- the server replica count and the internal Valkey's maxmemory.
+- the server replica count and the internal Valkey's maxmemory,
+- the shared tier's mode (sharedCache.mode: internal, external, none) and which of its
+  credentials the chart takes from a Secret (sharedCache.external.auth).
 
 What a loopback cluster cannot take as rendered is left to deploy/cluster.py to substitute
 (paths inside the pod, in-cluster URLs, service discovery); `loopback_router_args` does it for
@@ -36,6 +38,10 @@ POD_PATH_ENV = frozenset({"HF_HOME", "SERVING_DOWNLOAD_DIR"})
 # None = every value up to the next flag).
 _DISCOVERY_FLAGS = {"--service-discovery": 0, "--selector": None, "--service-discovery-port": 1, "--service-discovery-namespace": 1}
 
+# The external shared tier's credentials, as the chart passes them from sharedCache.external.auth's
+# Secret to the lmi-server container (LMCache's RESP adapter and the session store read them).
+SHARED_TIER_SECRET_ENV = ("LMCACHE_RESP_PASSWORD", "LMCACHE_RESP_USERNAME")
+
 
 class ChartError(ValueError):
     """The chart does not render, or renders something a loopback cluster cannot reproduce."""
@@ -55,6 +61,9 @@ class ChartSettings:
     remote_url: str | None  # the replicas' in-cluster URL of the shared tier
     api_keys: str | None = None  # the key file's text when the chart makes the Secret itself
     skipped_env: list[str] = field(default_factory=list)  # names left out of env, for a note
+    shared_tier_mode: str = "none"  # sharedCache.mode as rendered: internal, external, none
+    # SHARED_TIER_SECRET_ENV names the container takes from sharedCache.external.auth's Secret
+    shared_tier_secret_env: list[str] = field(default_factory=list)
 
     @property
     def policy(self) -> str | None:
@@ -145,6 +154,11 @@ def settings(objs: list[dict]) -> ChartSettings:
         raise ChartError("router.enabled=false: a loopback cluster always puts vllm-router in front of its replicas")
     valkey = _deployment(objs, "valkey", required=False)
     remote_url = (lmcache or {}).get("remote_url")
+    if any(c["name"] == "redis-tls-tunnel" for c in server["spec"]["template"]["spec"].get("initContainers", [])):
+        raise ChartError(
+            "sharedCache.external.url is rediss://: the chart reaches it through a TLS sidecar (ghostunnel) that a "
+            "loopback cluster does not run; run a TLS tunnel on this host and give its plain redis:// address instead"
+        )
     return ChartSettings(
         serving_properties=props,
         lmcache_config=lmcache,
@@ -156,6 +170,10 @@ def settings(objs: list[dict]) -> ChartSettings:
         remote_url=remote_url,
         api_keys=_api_keys(objs, props),
         skipped_env=skipped,
+        shared_tier_mode="internal" if valkey else "external" if remote_url is not None else "none",
+        shared_tier_secret_env=[
+            e["name"] for e in container.get("env", []) if e["name"] in SHARED_TIER_SECRET_ENV and "secretKeyRef" in e.get("valueFrom", {})
+        ],
     )
 
 

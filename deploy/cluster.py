@@ -2,7 +2,7 @@
 N replicas of `lmi-server serve` and vLLM's router (`vllm-router`, PyPI) in front of them.
 
     python deploy/cluster.py up   [--values FILE ...] [--set KEY=VALUE ...] [--replicas N] [--policy P]
-                                  [--no-shared-cache] [--prop KEY=VALUE ...]
+                                  [--no-shared-cache] [--shared-cache-password-file FILE] [--prop KEY=VALUE ...]
     python deploy/cluster.py status
     python deploy/cluster.py down
 
@@ -14,16 +14,24 @@ that what runs here is what the chart deploys:
   (PYTHONHASHSEED = hashSeed) and server.replicas;
 - LMCache: the chart's lmcache.yaml ConfigMap;
 - Redis: the internal Valkey's maxmemory (allkeys-lru, no persistence, as the chart runs it);
+  with sharedCache.mode=external none is started: the replicas use sharedCache.external.url as
+  rendered, and the password (and user name) that the chart takes from sharedCache.external.auth's
+  Secret reach them the same way, in their environment (LMCACHE_RESP_PASSWORD /
+  LMCACHE_RESP_USERNAME, read by LMCache's RESP adapter and the session store), from
+  `shared_tier_password` / `--shared-cache-password-file` (a file only its owner can read) or the
+  host's own variables of those names, never on a command line or in STATE_DIR;
 - router: the chart's vllm-router arguments and policy.
 
 Substituted for loopback: option.lmcache_config_file -> STATE_DIR/lmcache.yaml; the chart's
-in-cluster shared-tier URL (remote_url, option.sessions_redis_url) -> this cluster's Redis;
-mp_host -> 127.0.0.1; API keys given as values -> STATE_DIR/api-keys (option.api_key_file);
+in-cluster shared-tier URL (remote_url, option.sessions_redis_url) -> this cluster's Redis (the
+external URL stays as it is); mp_host -> 127.0.0.1; API keys given as values -> STATE_DIR/api-keys
+(option.api_key_file);
 router service discovery -> --worker-urls, its addresses and ports -> free loopback ones. Pod
-paths in the environment (HF_HOME, SERVING_DOWNLOAD_DIR) and Secret references are left out.
+paths in the environment (HF_HOME, SERVING_DOWNLOAD_DIR) and Secret references other than the
+shared tier's are left out.
 `props` / `--prop` then `replica_props(i)` apply over the chart's properties.
 
-Everything binds 127.0.0.1. Every process is started in its own session and recorded in
+Everything it starts binds 127.0.0.1. Every process is started in its own session and recorded in
 STATE_DIR (default /tmp/lmi-cluster, or $LMI_CLUSTER_DIR) as `<name>.pid` plus `cluster.json`
 (ports, URLs); `down` stops them with SIGTERM (SIGKILL after a grace period), checking each
 pid's start time so that a recycled pid is never signalled. Logs: STATE_DIR/<name>.log.
@@ -60,7 +68,8 @@ from lmi_server.process import pid_alive
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_STATE_DIR = Path(os.environ.get("LMI_CLUSTER_DIR", "/tmp/lmi-cluster"))
-# Redis's maxmemory when the chart runs no Valkey of its own (sharedCache.mode=external).
+# Redis's maxmemory when the chart runs no Valkey of its own (sharedCache.mode external or none,
+# where `up` starts no Redis) and `start_redis` is called all the same.
 FALLBACK_MAXMEMORY = "2gb"
 
 # The tiny demo model over the chart's CPU profile (which serves the built-in assistant): what
@@ -109,6 +118,38 @@ def resp_command(port: int, *args: str, timeout: float = 2.0, password: str | No
     if auth != b"+OK":
         raise ClusterError(f"AUTH refused: {data!r}")
     return reply
+
+
+def read_secret_file(path: Path) -> str:
+    """A password from a file that only its owner, this user, can read (mode 600 or stricter, as
+    ssh asks of keys): its first line, without the line end."""
+    try:
+        st = path.stat()
+        text = path.read_text()
+    except OSError as e:
+        raise ClusterError(f"cannot read the password file {path}: {e.strerror}") from None
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ClusterError(f"{path} must belong to you and be readable by you only (chmod 600 {path}), not mode {st.st_mode & 0o777:o}")
+    value = text.splitlines()[0] if text else ""
+    if not value:
+        raise ClusterError(f"{path} is empty: its first line is the password")
+    return value
+
+
+def ping_shared_tier(url: str, username: str | None, password: str | None, timeout: float = 5.0) -> None:
+    """PING the external shared tier with its credentials (redis-py, the session store's client):
+    a ClusterError naming the URL when it does not answer or refuses them, before any replica starts."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url.replace("valkey://", "redis://", 1), username=username, password=password,
+                                      socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except redis.RedisError as e:
+        raise ClusterError(f"the external shared tier {url} does not answer PING: {type(e).__name__}: {e}") from None
 
 
 def redis_dbsize(port: int, password: str | None = None) -> int:
@@ -237,7 +278,8 @@ def _wait_http(proc: Proc, path: str, timeout: float, ok=lambda r: r.status_code
 @dataclass
 class Cluster:
     """Redis + replicas + router as the chart deploys them (`chart`), on loopback. None in
-    `replicas`, `policy`, `shared_cache`, `l1_size_gb` and `redis_maxmemory` means the chart's."""
+    `replicas`, `policy`, `shared_cache`, `l1_size_gb` and `redis_maxmemory` means the chart's.
+    With the chart's sharedCache.mode=external no Redis is started (`redis` stays None)."""
 
     state_dir: Path = DEFAULT_STATE_DIR
     replicas: int | None = None  # chart: server.replicas
@@ -252,6 +294,10 @@ class Cluster:
     router_env: dict[str, str] = field(default_factory=dict)
     redis_maxmemory: str | None = None  # chart: sharedCache.internal.maxmemory
     chart: ChartSettings = field(default_factory=helm_chart.load)
+    # sharedCache.mode=external: what the chart takes from sharedCache.external.auth's Secret
+    # (None: the host's LMCACHE_RESP_PASSWORD / LMCACHE_RESP_USERNAME)
+    shared_tier_password: str | None = field(default=None, repr=False)
+    shared_tier_username: str | None = None
     redis: Proc | None = None
     servers: list[Proc] = field(default_factory=list)
     router: Proc | None = None
@@ -267,6 +313,38 @@ class Cluster:
             raise ClusterError("shared_cache asked for, but the chart configures no shared tier (sharedCache.mode=none)")
         if self.redis_maxmemory is None:
             self.redis_maxmemory = self.chart.valkey_maxmemory or FALLBACK_MAXMEMORY
+
+    @property
+    def external(self) -> bool:
+        """The chart's shared tier is an external Redis/Valkey (sharedCache.mode=external)."""
+        return self.chart.shared_tier_mode == "external"
+
+    def shared_tier_env(self) -> dict[str, str]:
+        """The shared tier's credentials for the replicas' environment, as the chart gives them to
+        its container from sharedCache.external.auth's Secret (a Kubernetes object, which a
+        loopback cluster cannot read): `shared_tier_password` / `shared_tier_username`, else the
+        host's variables of the same names. Empty without a shared tier or a Secret."""
+        if not self.shared_cache:
+            return {}
+        given = {"LMCACHE_RESP_PASSWORD": self.shared_tier_password, "LMCACHE_RESP_USERNAME": self.shared_tier_username}
+        wanted = self.chart.shared_tier_secret_env
+        unused = [name for name, value in given.items() if value and name not in wanted]
+        if unused:
+            raise ClusterError(
+                f"{' and '.join(unused)} given, but the chart passes its replicas no such credential "
+                f"(sharedCache.mode={self.chart.shared_tier_mode}); with sharedCache.mode=external name its Secret: "
+                "sharedCache.external.auth.secretName (and usernameKey for a user name)"
+            )
+        env = {}
+        for name in wanted:
+            value = given[name] or os.environ.get(name)
+            if not value:
+                raise ClusterError(
+                    f"the chart gives its replicas {name} from the Secret sharedCache.external.auth.secretName, which a "
+                    f"loopback cluster cannot read: give it in {name} or, for the password, with --shared-cache-password-file"
+                )
+            env[name] = value
+        return env
 
     # -- pieces ---------------------------------------------------------------------------
 
@@ -321,6 +399,8 @@ class Cluster:
         return path
 
     def _redis_url(self) -> str:
+        if self.external:
+            return self.chart.remote_url
         if self.redis is None:
             raise ClusterError("start the Redis-protocol server before the replicas")
         return self.redis.url
@@ -328,7 +408,7 @@ class Cluster:
     def chart_properties(self, lmcache_config: Path | None) -> dict[str, str]:
         """The chart's serving.properties with loopback in place of the pod: the LMCache file
         and API key file in STATE_DIR, the in-cluster shared-tier URL -> this cluster's Redis
-        (or dropped with it: --no-shared-cache)."""
+        (the external one as it is; dropped without a shared tier: --no-shared-cache)."""
         out = {}
         remote = self.chart.remote_url
         for key, value in self.chart.serving_properties.items():
@@ -386,8 +466,9 @@ class Cluster:
         port = free_port()
         argv = [sys.executable, "-m", "lmi_server.cli", "serve", "--model-dir", str(model_dir), "--host", LOOPBACK, "--port", str(port)]
         # The chart's literal environment: PYTHONHASHSEED = hashSeed, so that every process
-        # sharing a cache hashes alike (LMCache chunk keys).
-        return Proc.spawn(f"replica-{i}", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir, dict(self.chart.env))
+        # sharing a cache hashes alike (LMCache chunk keys); the external tier's credentials.
+        env = {**self.chart.env, **self.shared_tier_env()}
+        return Proc.spawn(f"replica-{i}", argv, port, f"http://{LOOPBACK}:{port}", self.state_dir, env)
 
     def start_router(self, policy: str | None = None, timeout: float = 90, extra_args: list[str] | None = None) -> Proc:
         binary = router_binary()
@@ -435,8 +516,11 @@ class Cluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if (self.state_dir / "cluster.json").exists() and any(p.alive for p in load_procs(self.state_dir)):
             raise ClusterError(f"a cluster is already running from {self.state_dir}; run `down` first")
+        env = self.shared_tier_env()  # before anything starts: the credentials the chart asks for
+        if self.shared_cache and self.external:  # and whether the external tier takes them
+            ping_shared_tier(self.chart.remote_url, env.get("LMCACHE_RESP_USERNAME"), env.get("LMCACHE_RESP_PASSWORD"))
         try:
-            if self.shared_cache:
+            if self.shared_cache and not self.external:
                 self.start_redis()
             self.start_replicas()
             if with_router:
@@ -447,7 +531,8 @@ class Cluster:
         return self
 
     def down(self) -> None:
-        # Front to back: router, replicas (they flush nothing to Redis on exit), Redis.
+        # Front to back: router, replicas (they flush nothing to Redis on exit), Redis (none
+        # started for an external shared tier: it is left alone).
         procs = [p for p in (self.router, *self.servers, self.redis) if p is not None]
         stop_all(procs, self.state_dir)
         self.router, self.servers, self.redis = None, [], None
@@ -463,6 +548,8 @@ class Cluster:
         return {
             "policy": self.policy,
             "shared_cache": self.shared_cache,
+            # the URL without credentials (the chart's has none), never the password
+            "shared_tier": {"mode": self.chart.shared_tier_mode, "url": self.chart.remote_url} if self.external and self.shared_cache else None,
             "redis": self.redis.to_json() if self.redis else None,
             "replicas": [s.to_json() for s in self.servers],
             "router": self.router.to_json() if self.router else None,
@@ -511,12 +598,14 @@ def load_procs(state_dir: Path) -> list[Proc]:
 def _cmd_up(args) -> int:
     props = dict(p.split("=", 1) for p in args.prop)
     settings = helm_chart.load(args.values or None, helm_chart.parse_set(args.set))
-    if settings.skipped_env:
-        print(f"cluster: not set from the chart (Secrets or pod paths; the host's environment applies): {', '.join(settings.skipped_env)}", file=sys.stderr)
+    skipped = [name for name in settings.skipped_env if name not in settings.shared_tier_secret_env]
+    if skipped:
+        print(f"cluster: not set from the chart (Secrets or pod paths; the host's environment applies): {', '.join(skipped)}", file=sys.stderr)
+    password = read_secret_file(args.shared_cache_password_file) if args.shared_cache_password_file else None
     cluster = Cluster(
         state_dir=args.state_dir, replicas=args.replicas, policy=args.policy,
         shared_cache=False if args.no_shared_cache else None, props=props, l1_size_gb=args.l1_size_gb,
-        chart=settings,
+        chart=settings, shared_tier_password=password,
     )
     t0 = time.monotonic()
     cluster.up(with_router=not args.no_router)
@@ -558,6 +647,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--policy", default=None,
                     help="vllm-router policy (default: the chart's router.policy): consistent_hash, round_robin, cache_aware, ...")
     up.add_argument("--no-shared-cache", action="store_true", help="replicas without the Redis tier (CPU tier only)")
+    up.add_argument("--shared-cache-password-file", type=Path, default=None, metavar="FILE",
+                    help="sharedCache.mode=external with sharedCache.external.auth.secretName: the password that Secret "
+                    "holds, from the first line of FILE, which only you may read (chmod 600); default: $LMCACHE_RESP_PASSWORD. "
+                    "The user name (auth.usernameKey) comes from $LMCACHE_RESP_USERNAME")
     up.add_argument("--no-router", action="store_true")
     up.add_argument("--l1-size-gb", type=float, default=None,
                     help="LMCache CPU tier per replica (default: the chart's lmcache.config.max_local_cpu_size)")

@@ -9,8 +9,8 @@ that several modules need; a test that ends its server takes one over at the end
 - `busy_server`: the demo model with LoRA off, one sequence at a time and a queue of one
   (tests/e2e/test_load_shedding.py; the LoRA-off checks of test_adapter_naming.py and test_api.py),
   with LMCache's disk tier on a volume that holds an earlier run's leftovers and a
-  password-protected Redis tier (vLLM's prefix cache off): the seed start of test_kv_restart.py,
-  which ends it after them.
+  password-protected Redis tier (vLLM's prefix cache off): the seed start of test_kv_restart.py
+  (`kv_seed`, which ends it after them); test_scale_out.py's bf16 replicas then share that Redis.
 - `assistant` (also named `assistant_with_lora`): the embedded assistant with an API key, LoRA on,
   vLLM's request logger and a greedy input formatter (test_assistant_kit.py, test_front_doors.py;
   its base model is the greedy reference of test_assistant_eagle.py, test_speculative.py and
@@ -34,13 +34,14 @@ Servers of their own (their properties conflict with every shared one): the EAGL
 (test_assistant_eagle.py; one speculative method per engine), the embeddings model,
 `make serve` exactly as the README runs it, the vision model with LMCache beside vLLM's prefix cache
 (test_vision.py: its LMCache check empties vLLM's prefix cache first, POST /reset_prefix_cache) and
-the two scale-out replicas behind vllm-router. test_lifecycle.py's corrupt-weights start starts a
-server process but no engine: the weights' headers fail it first (lmi_server/weights_check.py).
-Also of their own: the suffix-decoding assistant (test_suffix_decoding.py) and test_kv_restart.py's
-start of another dtype on `busy_server`'s cache directory and Redis.
+the two scale-out replicas behind vllm-router (test_scale_out.py: bf16, with `kv_redis` as the
+chart's external shared tier, where `kv_seed` left float32 chunks: the other dtype that never reads
+them). test_lifecycle.py's corrupt-weights start starts a server process but no engine: the
+weights' headers fail it first (lmi_server/weights_check.py). Also of their own: the
+suffix-decoding assistant (test_suffix_decoding.py).
 
-Engine starts in the whole suite, tests/e2e/test_containers.py apart: 16, the 8 shared servers
-above and 8 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py: its
+Engine starts in the whole suite, tests/e2e/test_containers.py apart: 15, the 8 shared servers
+above and 7 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py: its
 lines hold the corrupt-weights start too, not the scale-out replicas, which deploy/cluster.py starts)."""
 
 from __future__ import annotations
@@ -125,6 +126,14 @@ def pytest_collection_modifyitems(config, items):
         return (0, i, 0)
 
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+    # `kv_seed` stops busy_server: its users (test_kv_restart.py, which follows
+    # test_load_shedding.py, and test_scale_out.py, after both by name) come after busy_server's others.
+    seed = next((item for item in items if "kv_seed" in item.fixturenames), None)
+    late = [item for item in items[items.index(seed) + 1:] if "busy_server" in item.fixturenames
+            and "kv_seed" not in item.fixturenames] if seed else []
+    if late:
+        raise pytest.UsageError(f"{late[0].nodeid} needs busy_server after {seed.nodeid} seeds its volume and Redis "
+                                "(kv_seed), which stops it: order it before (FOLLOWS)")
 
 
 def pytest_runtest_teardown(item, nextitem):
@@ -182,8 +191,9 @@ def openai_client(server):
 @pytest.fixture(scope="session")
 def kv_redis(tmp_path_factory):
     """The Redis tier of `busy_server` and `keyed_server` (tests/e2e/test_kv_restart.py's seed and
-    restart), with REDIS_PASSWORD from a 0600 config file: its port, or None without redis-server
-    (test_kv_restart.py and test_security.py are then skipped)."""
+    restart), then the external shared tier of tests/e2e/test_scale_out.py's replicas, with
+    REDIS_PASSWORD from a 0600 config file: its port, or None without redis-server
+    (test_kv_restart.py, test_security.py and test_scale_out.py are then skipped)."""
     from deploy.cluster import redis_server_binary
     from tests.support.kv_volume import password_redis
 
@@ -211,7 +221,7 @@ def busy_server(tmp_path_factory, kv_volume, kv_redis):
     premise (tests/e2e/test_load_shedding.py); other modules send it one request at a time.
     LMCache's CPU and disk tiers, the disk on `kv_volume` (what it held once ready:
     `kv_start_state`), and `kv_redis`, vLLM's prefix cache off: tests/e2e/test_kv_restart.py seeds
-    them with it last, stops it, then restarts on them as `keyed_server`."""
+    them with it last (`kv_seed`, which stops it), then restarts on them as `keyed_server`."""
     from lmi_server.kvcache.disk_budget import chunk_files
     from tests.support.kv_volume import lmcache_yaml
 
@@ -224,6 +234,31 @@ def busy_server(tmp_path_factory, kv_volume, kv_redis):
         files = chunk_files(kv_volume)
         proc.kv_start_state = (len(files), sum(size for _, size, _ in files))
         yield proc
+
+
+@pytest.fixture(scope="session")
+def kv_seed(busy_server, kv_volume, kv_redis):
+    """`busy_server`'s last requests: documents A, then B (tests/support/kv_volume.py), their
+    float32 chunks stored on `kv_volume` and in `kv_redis`; then it is stopped. The chunk files of
+    each, the answers, what the volume held when it was ready, when it stopped: what
+    tests/e2e/test_kv_restart.py restarts on, and what the bf16 replicas of
+    tests/e2e/test_scale_out.py find in that Redis (every other user of `busy_server` runs first:
+    pytest_collection_modifyitems checks it)."""
+    import time
+
+    from tests.support.kv_volume import DOC_A, DOC_B, complete, real_chunks, wait_stored
+
+    try:
+        before = real_chunks(kv_volume)  # what the other modules' requests stored
+        a = complete(busy_server, DOC_A)
+        files_a = wait_stored(kv_volume, kv_redis, REDIS_PASSWORD, before)
+        b = complete(busy_server, DOC_B)
+        files_b = wait_stored(kv_volume, kv_redis, REDIS_PASSWORD, before | files_a)
+        warm = complete(busy_server, DOC_A)
+    finally:
+        busy_server.stop()
+    return {"a": a, "b": b, "warm_a": warm, "files_a": files_a, "files_b": files_b,
+            "start_state": busy_server.kv_start_state, "stopped": time.time()}
 
 
 def _adapters_for(base: Path, root: Path) -> None:

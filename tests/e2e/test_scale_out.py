@@ -2,9 +2,14 @@
 Redis-protocol server, with vLLM's router (`vllm-router`, consistent_hash policy) in front.
 
 One module-scoped cluster (deploy/cluster.py), started from the Helm chart's CPU profile
-(values-cpu.yaml) as `make cluster` starts it: redis-server on a free loopback port, two
-`lmi-server serve` replicas on the demo model (fp32, vLLM prefix caching off so that reuse shows
-as LMCache hits) and the router. The failover tests kill a replica, so they run last.
+(values-cpu.yaml) as `make cluster` starts it, with the chart's external shared tier
+(sharedCache.mode=external): the session's password-protected Redis `kv_redis`
+(tests/e2e/conftest.py), its password passed as the chart passes its Secret, in the replicas'
+environment. Two `lmi-server serve` replicas on the demo model in bf16 (vLLM prefix caching off so
+that reuse shows as LMCache hits) and the router. They start after the seed of
+tests/e2e/test_kv_restart.py (`kv_seed`: busy_server in float32 stored documents A and B in that
+Redis, then stopped), and are its server of another dtype: they never read those chunks, because
+LMCache's keys carry what makes KV valid. The failover tests kill a replica, so they run last.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import pytest
 from deploy import chart as helm_chart
 from deploy.chart import ChartError
 from deploy.cluster import Cluster, ClusterError, pid_alive, redis_dbsize, redis_server_binary, router_binary
-from tests.e2e.conftest import BASE_PROPS
+from tests.e2e.conftest import BASE_PROPS, REDIS_PASSWORD
 from tests.e2e.test_api import metric_value
+from tests.support.kv_volume import DOC_B, namespace, redis_key, redis_keys, wait_new_keys
 
 pytestmark = [
     pytest.mark.skipif(
@@ -41,17 +47,25 @@ COMPLETIONS = "/v1/completions"
 FAST_FAILOVER = {"router": {"healthCheck": {"intervalSecs": 2, "timeoutSecs": 2, "failureThreshold": 1, "successThreshold": 1}}}
 
 
+def external_tier(port: int) -> dict:
+    """The chart's values for a managed Redis: its URL (no credentials in it) and the Secret that
+    holds its password (a Kubernetes object: the cluster is given the password itself)."""
+    return {"sharedCache": {"mode": "external", "external": {"url": f"redis://127.0.0.1:{port}", "auth": {"secretName": "kv-redis-auth"}}}}
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, kv_seed, kv_redis):
     props = {k: v for k, v in BASE_PROPS.items() if k != "engine"}
     props["option.enable_prefix_caching"] = "false"
+    props["option.dtype"] = "bf16"  # the seed's chunks in kv_redis are float32
     try:
-        settings = helm_chart.load(overrides=FAST_FAILOVER)
-        c = Cluster(state_dir=tmp_path_factory.mktemp("cluster"), replicas=2, policy="consistent_hash", props=props, chart=settings)
+        settings = helm_chart.load(overrides={**FAST_FAILOVER, **external_tier(kv_redis)})
+        c = Cluster(state_dir=tmp_path_factory.mktemp("cluster"), replicas=2, policy="consistent_hash", props=props,
+                    chart=settings, shared_tier_password=REDIS_PASSWORD)
         c.up()
     except (ClusterError, ChartError) as e:
         pytest.fail(str(e))
-    started = [c.router, *c.servers, c.redis]
+    started = [c.router, *c.servers]  # and no redis-server: the shared tier is the session's
     below = [d for p in started for d in p.descendants()]  # engine workers, LMCache cache servers
     try:
         yield c
@@ -97,14 +111,68 @@ def wait_for(predicate, timeout: float, every: float = 1.0):
         time.sleep(every)
 
 
+def text(response: dict) -> str:
+    return response["choices"][0]["text"]
+
+
+def cached(response: dict) -> int:
+    return response["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Shared remote tier
 # ---------------------------------------------------------------------------------------------
 
 
-def test_replica_b_reuses_kv_that_replica_a_stored_in_redis(cluster):
+def test_a_bf16_replica_never_reads_the_float32_chunks_in_the_shared_tier(cluster, kv_seed, kv_redis):
+    """Document B's float32 chunks are in this Redis (the seed stored them there; the restart of
+    tests/e2e/test_kv_restart.py left them there). Replica A (replica B's CPU tier stays empty for
+    the test below) is asked the same text in bf16: a miss, and chunks of its own under another
+    namespace."""
+    a = cluster.servers[0]
+    seed_keys = {redis_key(name) for name in kv_seed["files_b"]}
+    before = redis_keys(kv_redis, REDIS_PASSWORD)
+    assert seed_keys <= before, "document B's float32 chunks are not in the shared tier"
+    base = complete(a.url, DOC_B, max_tokens=12)
+    assert cached(base) == 0, base["usage"]  # the float32 chunks are in Redis: not this server's namespace
+    assert (metric_value(metrics(a.url), "lmi_lmcache_lookup_hit_tokens_total") or 0) == 0
+    added = wait_new_keys(kv_redis, REDIS_PASSWORD, before)
+    namespaces = {namespace(key) for key in added}
+    assert len(namespaces) == 1 and namespaces.isdisjoint({namespace(key) for key in seed_keys}), namespaces
+    # the same chunks of the same text (kv rank, group, hash) under the other namespace
+    assert {key.split("@", 1)[1] for key in seed_keys} <= {key.split("@", 1)[1] for key in added}
+    # the base request hits its own KV: the miss above is the keys' doing
+    again = complete(a.url, DOC_B, max_tokens=12)
+    assert cached(again) >= 1024 and text(again) == text(base), again["usage"]
+
+
+def test_the_shared_tiers_password_reaches_the_replicas_in_their_environment_only(cluster):
+    """The chart's sharedCache.external.auth Secret on loopback: LMCACHE_RESP_PASSWORD in each
+    replica's environment, inherited by its LMCache cache server (the RESP adapter reads it there,
+    as the session store does); never on a command line or in the cluster's state directory
+    (serving.properties, lmcache.yaml, cluster.json, the logs)."""
+    assert cluster.redis is None  # no redis-server of its own
+    secret = REDIS_PASSWORD.encode()
+    cache_servers = 0
+    for server in cluster.servers:
+        assert b"LMCACHE_RESP_PASSWORD=" + secret in Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        for pid, _ in [(server.pid, None), *server.descendants()]:
+            try:
+                cmdline, environ = Path(f"/proc/{pid}/cmdline").read_bytes(), Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:  # gone meanwhile
+                continue
+            assert secret not in cmdline, cmdline
+            if b"lmcache.v1.multiprocess.server" in cmdline:
+                cache_servers += 1
+                assert b"LMCACHE_RESP_PASSWORD=" + secret in environ.split(b"\0")
+    assert cache_servers == len(cluster.servers)
+    assert not [p for p in cluster.state_dir.rglob("*") if p.is_file() and secret in p.read_bytes()]
+
+
+def test_replica_b_reuses_kv_that_replica_a_stored_in_redis(cluster, kv_redis):
     a, b = cluster.servers
     prompt = long_prompt(20000)
+    keys_before = redis_dbsize(kv_redis, password=REDIS_PASSWORD)
     first = complete(a.url, prompt)
     tokens = first["usage"]["prompt_tokens"]
     assert tokens > 1024
@@ -116,7 +184,7 @@ def test_replica_b_reuses_kv_that_replica_a_stored_in_redis(cluster):
         timeout=60,
     )
     assert stored, f"replica A did not store {full_chunks} chunks in the remote tier"
-    assert redis_dbsize(cluster.redis.port) > 0
+    assert redis_dbsize(kv_redis, password=REDIS_PASSWORD) > keys_before
 
     # B never saw the prompt: its CPU tier is empty, the chunks come from Redis.
     assert (metric_value(metrics(b.url), "lmi_lmcache_lookup_hit_tokens_total") or 0) == 0

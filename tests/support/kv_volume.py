@@ -1,23 +1,38 @@
 """The KV volume and Redis of tests/e2e/test_kv_restart.py. Its seed start is the session's
 `busy_server`, its restart the session's `keyed_server` (tests/e2e/conftest.py), both on this volume
 and this Redis (a password from a 0600 config file): they need the same leftovers of an earlier
-run (over the disk tier's limit on their own) and the same LMCache configuration."""
+run (over the disk tier's limit on their own) and the same LMCache configuration. The seed
+(`kv_seed`: documents DOC_A and DOC_B) is also what the bf16 replicas of tests/e2e/test_scale_out.py
+find in that Redis."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from deploy.cluster import ClusterError, redis_server_binary, resp_command
+import httpx
+
+from deploy.cluster import ClusterError, redis_dbsize, redis_server_binary, resp_command
+from lmi_server.kvcache.disk_budget import chunk_files
 from lmi_server.kvcache.resolve import free_local_port
 
 LIMIT_GIB = 0.05  # 51.2 MiB; the demo model's KV is 2 MiB per 256-token chunk in float32
 LIMIT = int(LIMIT_GIB * 2**30)
 FAKE_MIB = 60  # an earlier run's leftovers: 60 chunk files of 1 MiB, over the limit on their own
+
+
+def document(name: str, n_chars: int = 7000) -> str:
+    return Path(sysconfig.get_paths()["stdlib"], name).read_text()[:n_chars]
+
+
+# What the seed stores (over 1,024 tokens each). Not the documents tests/e2e/test_security.py sends
+# the restart (`keyed_server`) later: its isolation checks expect no KV of their prompts stored before them.
+DOC_A, DOC_B = document("inspect.py"), document("tarfile.py")
 
 
 def leftover_volume(d: Path) -> Path:
@@ -58,3 +73,66 @@ def password_redis(work: Path, password: str) -> Iterator[int]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def complete(server, prompt: str, adapter: str | None = None, headers: dict | None = None) -> dict:
+    """A greedy completion of 12 tokens: its text, cached tokens and prompt tokens."""
+    body = {"model": adapter or "lmi-demo", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(server.base_url + "/v1/completions", json=body, headers=headers or {}, timeout=300)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    return {"text": out["choices"][0]["text"], "cached": out["usage"]["prompt_tokens_details"]["cached_tokens"],
+            "prompt_tokens": out["usage"]["prompt_tokens"]}
+
+
+def real_chunks(d: Path) -> set[str]:
+    """The chunk files of the volume, the earlier run's leftovers apart."""
+    return {p.name for _, _, p in chunk_files(d) if not p.name.startswith("earlier-run-")}
+
+
+def wait_stored(cache_dir: Path, redis_port: int, password: str, before: set[str]) -> set[str]:
+    """The chunk files a request added, once disk and Redis stop growing."""
+    last, stable = None, 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and stable < 3:
+        now = (frozenset(real_chunks(cache_dir) - before), redis_dbsize(redis_port, password=password))
+        stable = stable + 1 if now == last and now[0] else 0
+        last = now
+        time.sleep(1)
+    assert last and last[0], "no chunk reached the disk tier"
+    return set(last[0])
+
+
+def redis_key(file_name: str) -> str:
+    """The Redis key of the chunk a disk-tier file holds (same fields; the rank without `0x`)."""
+    model, rank, *rest = file_name.removesuffix(".data").split("@")
+    return "@".join([model, rank.removeprefix("0x"), *rest])
+
+
+def namespace(key: str) -> str:
+    """The KV namespace of a chunk key or file name (LMCache's model name, before the first `@`)."""
+    return key.split("@", 1)[0]
+
+
+def redis_keys(port: int, password: str) -> set[str]:
+    """Every key in the password-protected Redis on loopback (a KEYS reply: redis-py reads it)."""
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port, password=password, decode_responses=True, socket_timeout=10)
+    try:
+        return set(client.keys("*"))
+    finally:
+        client.close()
+
+
+def wait_new_keys(port: int, password: str, before: set[str]) -> set[str]:
+    """The keys added to the Redis since `before`, once they stop changing."""
+    last, stable = None, 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and stable < 3:
+        now = frozenset(redis_keys(port, password) - before)
+        stable = stable + 1 if now == last and now else 0
+        last = now
+        time.sleep(1)
+    assert last, "no chunk reached Redis"
+    return set(last)

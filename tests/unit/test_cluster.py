@@ -1,6 +1,6 @@
 """deploy/cluster.py without processes: the cluster starts from the Helm chart's rendered values
 (deploy/chart.py) with loopback substitutions; per-replica properties, the router's extra flags
-and environment, restarting a replica."""
+and environment, restarting a replica; an external shared tier and its credentials."""
 
 from __future__ import annotations
 
@@ -263,3 +263,109 @@ def test_demo_props_keep_the_benchmarks_on_the_demo_model(tmp_path, spawned):
     props = props_file(tmp_path, 0)
     assert props["option.model_id"] == "lmi-demo" and props["option.cpu_kv_cache_space"] == "1"
     assert props["option.enforce_eager"] == "true"  # still the chart's
+
+
+# ---------------------------------------------------------------------------------------------
+# An external shared tier (sharedCache.mode=external)
+# ---------------------------------------------------------------------------------------------
+
+EXTERNAL_URL = "redis://127.0.0.1:6390"
+PASSWORD = "kv-tier-pw-0123456789abcdef"
+CREDENTIALS = ("LMCACHE_RESP_PASSWORD", "LMCACHE_RESP_USERNAME")
+
+
+def external_values(**auth) -> dict:
+    return {"sharedCache": {"mode": "external", "external": {"url": EXTERNAL_URL, "auth": auth}}}
+
+
+@pytest.fixture
+def pinged(monkeypatch):
+    """The PINGs of the external tier (none reaches a server); no credentials in the host's environment."""
+    calls = []
+    monkeypatch.setattr(cluster_mod, "ping_shared_tier", lambda url, username, password: calls.append((url, username, password)))
+    for name in CREDENTIALS:
+        monkeypatch.delenv(name, raising=False)
+    return calls
+
+
+def files_holding(root, text: str) -> list:
+    return [p for p in root.rglob("*") if p.is_file() and text in p.read_text(errors="replace")]
+
+
+def test_an_external_tier_starts_no_redis_and_its_password_reaches_the_replicas_in_their_environment_only(tmp_path, spawned, pinged):
+    settings = helm_chart.load(overrides=external_values(secretName="kv-auth"))
+    assert settings.shared_tier_mode == "external" and settings.valkey_maxmemory is None
+    assert settings.remote_url == EXTERNAL_URL and settings.shared_tier_secret_env == ["LMCACHE_RESP_PASSWORD"]
+    c = Cluster(state_dir=tmp_path, chart=settings, shared_tier_password=PASSWORD)
+    c.up(with_router=False)
+    assert [p.name for p in spawned] == ["replica-0", "replica-1"] and c.redis is None  # no redis-server
+    assert pinged == [(EXTERNAL_URL, None, PASSWORD)]  # checked before any replica started
+    for i, proc in enumerate(spawned):
+        assert proc.env == {"PYTHONHASHSEED": "0", "LMCACHE_RESP_PASSWORD": PASSWORD}
+        assert props_file(tmp_path, i)["option.sessions_redis_url"] == EXTERNAL_URL  # the session store's credentials: the same variable
+        assert not any(PASSWORD in arg for arg in proc.argv)
+    assert yaml.safe_load((tmp_path / "lmcache.yaml").read_text())["remote_url"] == EXTERNAL_URL
+    assert json.loads((tmp_path / "cluster.json").read_text())["shared_tier"] == {"mode": "external", "url": EXTERNAL_URL}
+    assert not files_holding(tmp_path, PASSWORD) and PASSWORD not in repr(c)
+
+
+def test_cluster_up_reads_the_external_tiers_password_from_an_owner_only_file_or_the_environment(tmp_path, spawned, pinged, monkeypatch, capsys):
+    secret = tmp_path / "kv-password"
+    secret.write_text(PASSWORD + "\n")
+    secret.chmod(0o644)
+    chart_args = ["--no-router", "--set", "sharedCache.mode=external", "--set", f"sharedCache.external.url={EXTERNAL_URL}",
+                  "--set", "sharedCache.external.auth.secretName=kv-auth"]
+
+    def up(name: str, *extra: str) -> int:
+        return cluster_mod.main(["--state-dir", str(tmp_path / name), "up", *chart_args, *extra])
+
+    assert up("world-readable", "--shared-cache-password-file", str(secret)) == 2
+    assert "chmod 600" in capsys.readouterr().err and not spawned
+    assert up("none") == 2  # the chart names a Secret: no password is no cluster, not one without it
+    assert "LMCACHE_RESP_PASSWORD" in capsys.readouterr().err and not spawned and not pinged
+    secret.chmod(0o600)
+    assert up("from-file", "--shared-cache-password-file", str(secret)) == 0
+    out = capsys.readouterr()
+    assert PASSWORD not in out.out + out.err and "LMCACHE_RESP_PASSWORD" not in out.err  # handled, not left to the host
+    monkeypatch.setenv("LMCACHE_RESP_PASSWORD", PASSWORD + "-env")
+    assert up("from-env") == 0
+    assert [p.env["LMCACHE_RESP_PASSWORD"] for p in spawned] == [PASSWORD] * 2 + [PASSWORD + "-env"] * 2
+    assert [password for _, _, password in pinged] == [PASSWORD, PASSWORD + "-env"]
+    assert not files_holding(tmp_path / "from-file", PASSWORD)
+    secret.write_text("")
+    with pytest.raises(ClusterError, match="empty"):
+        cluster_mod.read_secret_file(secret)
+
+
+def test_a_user_name_key_asks_for_the_user_name_too(tmp_path, spawned, pinged):
+    settings = helm_chart.load(overrides=external_values(secretName="kv-auth", usernameKey="username"))
+    assert settings.shared_tier_secret_env == ["LMCACHE_RESP_PASSWORD", "LMCACHE_RESP_USERNAME"]
+    with pytest.raises(ClusterError, match="LMCACHE_RESP_USERNAME"):
+        Cluster(state_dir=tmp_path, chart=settings, shared_tier_password=PASSWORD).up(with_router=False)
+    assert not spawned and not pinged
+    Cluster(state_dir=tmp_path, chart=settings, shared_tier_password=PASSWORD, shared_tier_username="lmi").up(with_router=False)
+    assert pinged == [(EXTERNAL_URL, "lmi", PASSWORD)]
+    assert spawned[0].env == {"PYTHONHASHSEED": "0", "LMCACHE_RESP_PASSWORD": PASSWORD, "LMCACHE_RESP_USERNAME": "lmi"}
+
+
+def test_what_a_loopback_cluster_cannot_do_with_the_shared_tier_is_refused(tmp_path, spawned, pinged):
+    with pytest.raises(helm_chart.ChartError, match="TLS sidecar"):
+        helm_chart.load(overrides={"sharedCache": {"mode": "external", "external": {"url": "rediss://cache.internal:6379"}}})
+    # a password the chart would not give its replicas: its internal Valkey has none, or no Secret is named
+    for settings in (helm_chart.load(), helm_chart.load(overrides=external_values())):
+        with pytest.raises(ClusterError, match="sharedCache.external.auth.secretName"):
+            with_redis(Cluster(state_dir=tmp_path, chart=settings, shared_tier_password=PASSWORD)).start_replicas()
+    assert not spawned
+    # without the shared tier the external one is neither pinged nor asked for its password
+    c = Cluster(state_dir=tmp_path, shared_cache=False, chart=helm_chart.load(overrides=external_values(secretName="kv-auth")))
+    c.up(with_router=False)
+    assert not pinged and spawned[0].env == {"PYTHONHASHSEED": "0"}
+    assert "option.sessions_redis_url" not in props_file(tmp_path, 0)
+
+
+def test_an_external_tier_that_does_not_answer_stops_up_before_anything_starts():
+    from lmi_server.kvcache.resolve import free_local_port
+
+    url = f"redis://127.0.0.1:{free_local_port()}"  # nothing listens there
+    with pytest.raises(ClusterError, match=f"{url} does not answer PING"):
+        cluster_mod.ping_shared_tier(url, None, PASSWORD, timeout=2)
