@@ -30,6 +30,7 @@ from deploy.cluster import Cluster, ClusterError, pid_alive, redis_dbsize, redis
 from tests.e2e.conftest import BASE_PROPS, REDIS_PASSWORD
 from tests.e2e.test_api import metric_value
 from tests.support.kv_volume import DOC_B, namespace, redis_key, redis_keys, wait_new_keys
+from tests.support.prestart import prestartable
 
 pytestmark = [
     pytest.mark.skipif(
@@ -54,7 +55,8 @@ def external_tier(port: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, kv_seed, kv_redis):
+@prestartable  # before the seed, too: the replicas store nothing until asked
+def cluster(tmp_path_factory, kv_redis):
     props = {k: v for k, v in BASE_PROPS.items() if k != "engine"}
     props["option.enable_prefix_caching"] = "false"
     props["option.dtype"] = "bf16"  # the seed's chunks in kv_redis are float32

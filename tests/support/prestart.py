@@ -63,7 +63,9 @@ _plan: dict[int, Any] = {}  # per session: _first_uses
 
 
 def prestartable(fn: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
-    """Mark a generator server fixture (under @pytest.fixture) whose start may run ahead."""
+    """Mark a generator server fixture (under @pytest.fixture) whose start may run ahead. Its
+    arguments are then made early, before the test ahead of it: none may be a fixture whose making
+    changes what other tests find (a seed that stops a server)."""
 
     @functools.wraps(fn)
     def fixture(**kwargs: Any) -> Iterator[Any]:
