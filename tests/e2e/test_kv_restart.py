@@ -2,12 +2,12 @@
 Redis: (1) the demo model seeds two documents: the session's `busy_server` (tests/e2e/conftest.py),
 started on this volume and Redis, after its other modules (it is stopped here); (2) a server
 restarted on the same directory, Redis and LMCache configuration, the session's `keyed_server`
-(API keys, LoRA on: neither enters the KV namespace; tests/e2e/test_security.py and
-test_tenants.py use it after this module), serves one document from the disk tier and the other
-from Redis, same answers, while an adapter's request finds nothing of its base model's KV; (3) a
-server with another dtype on the same directory and Redis finds nothing, because the keys carry
-what makes KV valid. The disk tier's size limit counts the files an earlier run left
-(tests/support/kv_volume.py)."""
+(API keys, LoRA on: neither enters the KV namespace; tests/e2e/test_security.py, test_tenants.py,
+test_lmcache.py and test_lifecycle.py's engine deaths use it after this module), serves one
+document from the disk tier and the other from Redis, same answers, while an adapter's request
+finds nothing of its base model's KV; (3) a server with another dtype on the same directory and
+Redis finds nothing, because the keys carry what makes KV valid. The disk tier's size limit counts
+the files an earlier run left (tests/support/kv_volume.py)."""
 
 from __future__ import annotations
 
@@ -75,12 +75,13 @@ def real_chunks(d: Path) -> set[str]:
     return {p.name for _, _, p in chunk_files(d) if not p.name.startswith("earlier-run-")}
 
 
-def wait_stored(cache_dir: Path, redis_port: int, before: set[str]) -> set[str]:
-    """The chunk files a request added, once disk and Redis stop growing."""
+def wait_stored(cache_dir: Path, redis_port: int | None, before: set[str]) -> set[str]:
+    """The chunk files a request added, once disk and Redis (where there is one) stop growing."""
     last, stable = None, 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and stable < 3:
-        now = (frozenset(real_chunks(cache_dir) - before), redis_dbsize(redis_port, password=REDIS_PASSWORD))
+        now = (frozenset(real_chunks(cache_dir) - before),
+               redis_dbsize(redis_port, password=REDIS_PASSWORD) if redis_port else 0)
         stable = stable + 1 if now == last and now[0] else 0
         last = now
         time.sleep(1)

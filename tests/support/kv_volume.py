@@ -31,8 +31,11 @@ def leftover_volume(d: Path) -> Path:
 
 
 def lmcache_yaml(volume: Path, redis_port: int | None, password: str | None = None) -> str:
-    """LMCache's CPU tier, the disk tier on `volume` under LIMIT_GIB and, where given, a Redis tier."""
-    text = f"chunk_size: 256\nmax_local_cpu_size: 0.5\nlocal_disk: \"file://{volume}\"\nmax_local_disk_size: {LIMIT_GIB}\n"
+    """LMCache's CPU tier, the disk tier on `volume` under LIMIT_GIB with O_DIRECT (where the
+    filesystem takes it: the server falls back to buffered I/O, with a warning, where not) and,
+    where given, a Redis tier."""
+    text = (f"chunk_size: 256\nmax_local_cpu_size: 0.5\nlocal_disk: \"file://{volume}\"\nmax_local_disk_size: {LIMIT_GIB}\n"
+            "extra_config:\n  use_odirect: true\n")
     auth = f":{password}@" if password else ""
     return text + (f"remote_url: \"redis://{auth}127.0.0.1:{redis_port}\"\n" if redis_port else "")
 
