@@ -18,13 +18,12 @@ that several modules need; a test that ends its server takes one over at the end
 - `assistant_eagle`: the embedded assistant with `option.speculative_method=eagle` and nothing else,
   the README's example (test_assistant_eagle.py, then test_speculative.py's greedy-only checks: a
   speculative CPU engine refuses sampling, lmi_server/engine_limits.py).
-- `lmcache_demo`: the demo model with LMCache (CPU + disk tiers, vLLM's prefix cache off), KV loads
-  that fail on demand, LoRA on and a budget of one engine rebuild (test_lmcache.py, then
-  test_lifecycle.py's rebuild and its death past the budget, which ends it).
 - `keyed_server`: the demo model behind a key file of plain keys and named tenants, LoRA, LMCache
-  as `busy_server` has it (the same volume and Redis), a batch of one with priority scheduling:
-  test_kv_restart.py's restart (started there, right after the seed), then test_security.py and
-  test_tenants.py.
+  as `busy_server` has it (the same volume, with O_DIRECT, and Redis; vLLM's prefix cache off), KV
+  loads that fail on demand, a batch of one with priority scheduling and a budget of one engine
+  rebuild: test_kv_restart.py's restart (started there, right after the seed), then
+  test_security.py, test_tenants.py, test_lmcache.py, and last test_lifecycle.py's rebuild and its
+  death past the budget, which ends it.
 - `lmi_dir`: an LMI user's model directory (formatters, handle, adapters fine-tuned from the hub
   id) with a 128-token context (test_lmi_dropin.py, then test_fuzz.py).
 - `blend_server`: the demo model downloaded from S3 at start-up, with option.tgi_compat, LMCache's
@@ -40,7 +39,7 @@ them). test_lifecycle.py's corrupt-weights start starts a server process but no 
 weights' headers fail it first (lmi_server/weights_check.py). Also of their own: the
 suffix-decoding assistant (test_suffix_decoding.py).
 
-Engine starts in the whole suite, tests/e2e/test_containers.py apart: 15, the 8 shared servers
+Engine starts in the whole suite, tests/e2e/test_containers.py apart: 14, the 7 shared servers
 above and 7 of their own (count them with LMI_TEST_STARTS_LOG=FILE, tests/support/server.py: its
 lines hold the corrupt-weights start too, not the scale-out replicas, which deploy/cluster.py starts)."""
 
@@ -85,45 +84,53 @@ def greedy(payload, **kwargs):
 '''
 LORA_PROPS = {"option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8"}
 LAST_MODULES = ("test_concurrent_fuzz.py",)
-# Tests (by module or by name) that run right after the module named: they end its shared server
-# (tests/e2e/test_lifecycle.py: one engine rebuild, then a death past the budget), change what that
-# module expects fresh (tests/e2e/test_fuzz.py), or are its server's other users.
+# Tests (by module or by name) that run right after the module named (after its own followers,
+# when it is one itself): they end its shared server (tests/e2e/test_lifecycle.py: one engine
+# rebuild, then a death past the budget), change what that module expects fresh
+# (tests/e2e/test_fuzz.py), or are its server's other users.
 FOLLOWS = {
-    "test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server": "test_lmcache.py",
-    "test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero": "test_lmcache.py",
     "test_fuzz.py": "test_lmi_dropin.py",
     # the second module of a shared server at once: it does not idle beside the modules between
     "test_front_doors.py": "test_assistant_kit.py",
     "test_suffix_decoding.py": "test_assistant_kit.py",  # its reference is the same assistant
-    # the restart of test_kv_restart.py (which follows test_load_shedding.py), then its own modules
+    # the restart of test_kv_restart.py (which follows test_load_shedding.py), then its own modules,
+    # test_lmcache.py after them, and the two engine deaths that end it last of all
     "test_security.py": "test_load_shedding.py",
     "test_tenants.py": "test_load_shedding.py",
+    "test_lmcache.py": "test_tenants.py",
+    "test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server": "test_lmcache.py",
+    "test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero": "test_lmcache.py",
     "test_s3_model.py": "test_blend.py",
     "test_adapter_tenants.py": "test_lora.py",  # it loads adapters whose fresh state test_lora.py checks
     "test_speculative.py": "test_assistant_eagle.py",  # the same EAGLE assistant
     "test_kv_restart.py": "test_load_shedding.py",  # it seeds its volume with busy_server, then ends it
 }
 LAST_TEST = "test_sigterm_drains_open_streams_then_exits_0_and_leaves_no_process"  # on `server`
-SHARED_SERVERS = ("server", "busy_server", "assistant", "assistant_eagle", "lmcache_demo", "keyed_server", "lmi_dir",
-                  "blend_server")
+SHARED_SERVERS = ("server", "busy_server", "assistant", "assistant_eagle", "keyed_server", "lmi_dir", "blend_server")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that take over a shared server right after the module named in FOLLOWS, the fuzzer
-    after everything else (it loads adapters and fills caches that other modules expect fresh, and
-    it reuses their session servers), the drain last (it ends the demo server)."""
+    """Tests that take over a shared server right after the module named in FOLLOWS (a follower
+    of a follower after that one's place), the fuzzer after everything else (it loads adapters and
+    fills caches that other modules expect fresh, and it reuses their session servers), the drain
+    last (it ends the demo server)."""
     last_of = {item.path.name: i for i, item in enumerate(items)}
+
+    def place(i, item, seen=()):
+        """Its own index; a follower's: the place of the followed module's last test, then its own."""
+        follows = FOLLOWS.get(item.originalname) or FOLLOWS.get(item.path.name)
+        if follows not in last_of or follows in seen:
+            return (i,)
+        j = last_of[follows]
+        return (*place(j, items[j], (*seen, follows)), 1 + i)
 
     def key(pair):
         i, item = pair
         if item.originalname == LAST_TEST:
-            return (2, i, 0)
+            return (2, i)
         if item.path.name in LAST_MODULES:
-            return (1, i, 0)
-        follows = FOLLOWS.get(item.originalname) or FOLLOWS.get(item.path.name)
-        if follows in last_of:
-            return (0, last_of[follows], 1 + i)
-        return (0, i, 0)
+            return (1, i)
+        return (0, *place(i, item))
 
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
     # `kv_seed` stops busy_server: its users (test_kv_restart.py, which follows
@@ -320,7 +327,7 @@ def assistant_eagle(tmp_path_factory):
         yield proc
 
 
-# Run inside the LMCache server's engine processes: while the file named by LMI_TEST_FAIL_KV_LOADS
+# Run inside `keyed_server`'s engine processes: while the file named by LMI_TEST_FAIL_KV_LOADS
 # exists, the worker's copy of every LMCache hit into its KV cache raises, as when the cache server
 # dies between the lookup and the load (tests/e2e/test_lmcache.py switches it on for one test).
 FAILING_LOADS = """\
@@ -338,46 +345,6 @@ def on_connector_import():
 
     worker_transfer.scatter_cpu_to_paged_kv = scatter_cpu_to_paged_kv
 """
-
-
-@pytest.fixture(scope="session")
-@prestartable
-def lmcache_demo(tmp_path_factory):
-    """The demo model with LMCache (CPU RAM + disk tiers; vLLM's prefix cache off, so that
-    cached_tokens counts LMCache hits only), KV loads that fail on demand (`fail_loads`, a file
-    whose existence switches the failure on), LoRA on with an empty adapters directory
-    (`adapters_root`) and a restart budget of one rebuild: tests/e2e/test_lmcache.py, then the
-    engine-death tests of tests/e2e/test_lifecycle.py (one rebuild, then a death past the budget
-    that ends the process)."""
-    from tests.support import worker_hook
-
-    model_dir = tmp_path_factory.mktemp("lmcache-model")
-    disk = tmp_path_factory.mktemp("lmcache-disk")
-    root = model_dir / "adapters"
-    root.mkdir()
-    (model_dir / "lmcache.yaml").write_text(
-        f"chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1\n"
-        f"local_disk: \"file://{disk}\"\nmax_local_disk_size: 2\nextra_config:\n  use_odirect: true\n"
-    )
-    props = {
-        **BASE_PROPS, "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml",
-        "option.enable_lora": "true", "option.max_loras": "1", "option.max_lora_rank": "8",
-        "option.adapters_path": str(root), "option.engine_max_restarts": "1",
-    }
-    write_properties(model_dir, props)
-    fail_loads = model_dir / "fail-kv-loads"
-    env = {**server_env(), "PYTHONPATH": worker_hook.install(tmp_path_factory.mktemp("failing-loads"), FAILING_LOADS),
-           "LMI_TEST_FAIL_KV_LOADS": str(fail_loads)}
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=env).start()
-    try:
-        proc.wait_ready()
-        proc.disk, proc.fail_loads, proc.adapters_root = disk, fail_loads, root
-        yield proc
-    finally:
-        children = proc.descendants()
-        proc.stop()
-        leftovers = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-        assert not leftovers, f"processes left behind: {leftovers}"
 
 
 SECURITY_KEYS = ["sk-first-" + secrets.token_hex(12), "sk-second-" + secrets.token_hex(12)]
@@ -410,16 +377,21 @@ def raise_late(response):
 @pytest.fixture(scope="session")
 def keyed_server(tmp_path_factory, kv_volume, kv_redis):
     """API keys only, from a key file: two unnamed keys (rotation, tests/e2e/test_security.py) and
-    three named tenants (tests/e2e/test_tenants.py). For security: LoRA with the example adapters,
-    a copy and one whose formatter fails mid-stream; LMCache as `busy_server` has it (CPU tier, the
-    disk tier on `kv_volume`, `kv_redis` with its password from a 0600 config file, never on a
-    command line), vLLM's prefix cache off: it is the restart of tests/e2e/test_kv_restart.py, which
-    runs first (`kv_start` is when it was started). For tenants: a batch of one (plus
-    option.reserved_slots) with vLLM's priority scheduling, a queue of ten, half of it per tenant,
-    and a context long enough for a holding request of 15,000 tokens."""
+    three named tenants (tests/e2e/test_tenants.py). For security: LoRA with the example adapters
+    (`adapters_root`), a copy and one whose formatter fails mid-stream; LMCache as `busy_server` has
+    it (CPU tier, the disk tier on `kv_volume` with O_DIRECT (`disk`), `kv_redis` with its password
+    from a 0600 config file, never on a command line), vLLM's prefix cache off: it is the restart of
+    tests/e2e/test_kv_restart.py, which runs first (`kv_start` is when it was started). For tenants:
+    a batch of one (plus option.reserved_slots) with vLLM's priority scheduling, a queue of ten,
+    half of it per tenant, and a context long enough for a holding request of 15,000 tokens. For
+    tests/e2e/test_lmcache.py, after them: KV loads that fail on demand (`fail_loads`, a file whose
+    existence switches the failure on, FAILING_LOADS). Last, a restart budget of one rebuild
+    (option.engine_max_restarts=1): the engine-death tests of tests/e2e/test_lifecycle.py (one
+    rebuild, then a death past the budget that ends the process)."""
     import time
 
     from lmi_server.demo.builder import ensure_demo_model
+    from tests.support import worker_hook
     from tests.support.kv_volume import lmcache_yaml
 
     model_dir = tmp_path_factory.mktemp("keyed-model-dir")
@@ -444,9 +416,20 @@ def keyed_server(tmp_path_factory, kv_volume, kv_redis):
         "option.scheduling_policy": "priority",
         # the holding request must outlast the tenants' tests on a fast, quiet host (3,500 tokens did not)
         "option.max_model_len": "16384",
+        "option.engine_max_restarts": "1",
     }
-    with running_server(model_dir, props, redis_port=kv_redis, adapters_root=root, kv_start=time.time()) as proc:
-        yield proc
+    fail_loads = model_dir / "fail-kv-loads"
+    env = {"PYTHONPATH": worker_hook.install(tmp_path_factory.mktemp("failing-loads"), FAILING_LOADS),
+           "LMI_TEST_FAIL_KV_LOADS": str(fail_loads)}
+    with running_server(model_dir, props, env=env, redis_port=kv_redis, adapters_root=root, disk=kv_volume,
+                        fail_loads=fail_loads, kv_start=time.time()) as proc:
+        try:
+            yield proc
+        finally:  # (test_lifecycle.py's death test ends it first) nothing of its engine may be left
+            children = proc.descendants()
+            proc.stop()
+            leftovers = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+            assert not leftovers, f"processes left behind: {leftovers}"
 
 
 @pytest.fixture(scope="session")

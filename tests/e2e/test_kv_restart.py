@@ -2,12 +2,13 @@
 Redis: (1) the demo model seeds two documents: the session's `busy_server` (tests/e2e/conftest.py),
 started on this volume and Redis, after its other modules (`kv_seed` stops it); (2) a server
 restarted on the same directory, Redis and LMCache configuration, the session's `keyed_server`
-(API keys, LoRA on: neither enters the KV namespace; tests/e2e/test_security.py and
-test_tenants.py use it after this module), serves one document from the disk tier and the other
-from Redis, same answers, while an adapter's request finds nothing of its base model's KV. That a
-server of another dtype finds nothing of the seed's chunks, because the keys carry what makes KV
-valid, is shown by the bf16 replicas of tests/e2e/test_scale_out.py on the same Redis. The disk
-tier's size limit counts the files an earlier run left (tests/support/kv_volume.py)."""
+(API keys, LoRA on: neither enters the KV namespace; tests/e2e/test_security.py, test_tenants.py,
+test_lmcache.py and test_lifecycle.py's engine deaths use it after this module), serves one
+document from the disk tier and the other from Redis, same answers, while an adapter's request
+finds nothing of its base model's KV. That a server of another dtype finds nothing of the seed's
+chunks, because the keys carry what makes KV valid, is shown by the bf16 replicas of
+tests/e2e/test_scale_out.py on the same Redis. The disk tier's size limit counts the files an
+earlier run left (tests/support/kv_volume.py)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 in-process after it died, the exit past the restart budget, a failed start ending the process, no orphans.
 
 Each test that ends its server takes over a shared one at the end of its life (tests/e2e/conftest.py
-orders them): the engine-death tests the LMCache server after tests/e2e/test_lmcache.py (rebuild
-first, then a death past its budget of one), the drain the demo server after every other test."""
+orders them): the engine-death tests `keyed_server` (API keys, LoRA, LMCache, a budget of one engine
+rebuild) after its other users, the last of them tests/e2e/test_lmcache.py (rebuild first, then a
+death past its budget of one), the drain the demo server after every other test."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ import httpx
 import psutil
 
 from lmi_server.api.lifecycle import ENGINE_DEAD_EXIT_CODE, START_FAILED_EXIT_CODE
-from tests.e2e.conftest import BASE_PROPS
+from tests.e2e.conftest import BASE_PROPS, SECURITY_KEYS
 from tests.support.engine_kill import cache_server_processes, kill_engine, wait_serving
 from tests.support.server import REPO, ServerProcess, server_env, write_properties
 
 
 STREAM_TOKENS = 3000
 DRAIN_STREAM_S = 15  # how long the drain test's streams last: well past its checks after SIGTERM
+AUTH = {"Authorization": f"Bearer {SECURITY_KEYS[0]}"}  # `keyed_server` wants a key on all but /ping, /health, /live
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -58,15 +60,16 @@ def _shm_mapped_by(pids: list[int]) -> set[str]:
     return names
 
 
-def _stream_tokens(server: ServerProcess, result: dict, max_tokens: int) -> None:
-    """A streaming completion; records the status, chunks received and how the stream ended."""
+def _stream_tokens(server: ServerProcess, result: dict, max_tokens: int, headers: dict | None = None) -> None:
+    """A streaming completion (with `headers`: an API key); records the status, chunks received and
+    how the stream ended."""
     body = {
         "model": "lmi-demo", "prompt": "import os\n", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True},
     }
     chunks = 0
     try:
-        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, headers=headers, timeout=120) as r:
             result["status"] = r.status_code
             for line in r.iter_lines():
                 if line.startswith("data: {"):
@@ -85,18 +88,19 @@ def _stream_tokens(server: ServerProcess, result: dict, max_tokens: int) -> None
 
 
 def _lmi(server, body, headers=None, timeout=120):
-    return httpx.post(server.base_url + "/invocations", json=body, headers=headers, timeout=timeout)
+    return httpx.post(server.base_url + "/invocations", json=body, headers={**AUTH, **(headers or {})}, timeout=timeout)
 
 
-def test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server(lmcache_demo):
+def test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_and_the_cache_server(keyed_server):
     """SIGKILL of the engine core and its worker: requests in flight get 503 with Retry-After, /ping
     is 503 until the engine is back, then the same server process serves again; a session, an
     adapter registered through the API and the LMCache cache server (same pid) are still there. The
-    session's LMCache server (tests/e2e/conftest.py), after tests/e2e/test_lmcache.py."""
-    server, root = lmcache_demo, lmcache_demo.adapters_root  # LoRA, LMCache, option.engine_max_restarts=1
-    # Registered through the API after start-up (discovery found nothing): only the registry knows it.
+    session's `keyed_server` (tests/e2e/conftest.py), after tests/e2e/test_lmcache.py."""
+    server, root = keyed_server, keyed_server.adapters_root  # LoRA, LMCache, option.engine_max_restarts=1
+    # Registered through the API after start-up (discovery found only the others): only the registry knows it.
     shutil.copytree(REPO / "adapters" / "hello-printer", root / "late-printer")
-    r = httpx.post(server.base_url + "/adapters", json={"name": "late-printer", "src": str(root / "late-printer")}, timeout=120)
+    r = httpx.post(server.base_url + "/adapters", json={"name": "late-printer", "src": str(root / "late-printer")},
+                   headers=AUTH, timeout=120)
     assert r.status_code == 200, r.text
     prompt = {"inputs": "def main():", "parameters": {"max_new_tokens": 12}}
     base = _lmi(server, prompt)
@@ -112,7 +116,7 @@ def test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_
 
     def long_request():
         body = {"model": "lmi-demo", "prompt": "import os\n", "max_tokens": 3000, "ignore_eos": True}
-        r = httpx.post(server.base_url + "/v1/completions", json=body, timeout=300)
+        r = httpx.post(server.base_url + "/v1/completions", json=body, headers=AUTH, timeout=300)
         in_flight.update(status=r.status_code, retry_after=r.headers.get("retry-after"), body=r.text)
 
     worker = threading.Thread(target=long_request)
@@ -130,16 +134,17 @@ def test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_
     while httpx.get(server.base_url + "/ping", timeout=5).status_code == 200:
         assert time.monotonic() < deadline, "/ping never turned 503 after the kill"
         time.sleep(0.2)
-    refused = httpx.post(server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2}, timeout=30)
+    refused = httpx.post(server.base_url + "/v1/completions", json={"model": "lmi-demo", "prompt": "x", "max_tokens": 2},
+                         headers=AUTH, timeout=30)
     assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
     assert httpx.get(server.base_url + "/live", timeout=5).status_code == 200
 
-    back = wait_serving(server.base_url, killed_at, timeout=600)
+    back = wait_serving(server.base_url, killed_at, timeout=600, headers=AUTH)
     assert server.proc.poll() is None, "the server process ended"
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in killed)
     assert [p.pid for p in cache_server_processes(server.proc.pid)] == cache_servers, "the cache server was restarted"
 
-    names = [a["name"] for a in httpx.get(server.base_url + "/adapters", timeout=30).json()["adapters"]]
+    names = [a["name"] for a in httpx.get(server.base_url + "/adapters", headers=AUTH, timeout=30).json()["adapters"]]
     assert "late-printer" in names, names
     again = _lmi(server, {**prompt, "adapters": "late-printer"})  # loaded into the new engine on first use
     assert again.status_code == 200 and again.json()["generated_text"] == adapted.json()["generated_text"], again.text
@@ -151,17 +156,17 @@ def test_a_dead_engine_is_rebuilt_in_the_same_process_keeping_sessions_adapters_
     print(f"serving again {back['serving_s']} s after the kill (/ping statuses {back['pings']})")
 
 
-def test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero(lmcache_demo):
+def test_engine_death_past_the_restart_budget_fails_in_flight_requests_and_exits_non_zero(keyed_server):
     """With option.engine_max_restarts=1, used by the rebuild above (this server's last test), the
     next death is one too many: the process ends as it did before engines were rebuilt in-process
     (the same path ends a crash loop)."""
-    server = lmcache_demo
+    server = keyed_server
     children: list[psutil.Process] = []
     try:
         log_start = len(server.log_path.read_text(errors="replace"))  # after the rebuild's part
         children = server.descendants()
         result: dict = {"streaming": threading.Event()}
-        worker = threading.Thread(target=_stream_tokens, args=(server, result, 3000))
+        worker = threading.Thread(target=_stream_tokens, args=(server, result, 3000, AUTH))
         worker.start()
         assert result["streaming"].wait(60), "the stream did not start"
         kill_engine(server.proc.pid)

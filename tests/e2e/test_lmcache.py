@@ -1,5 +1,8 @@
-"""LMCache end to end: real engine, real supervised cache server, CPU RAM + disk tiers, on the
-session's `lmcache_demo` server (tests/e2e/conftest.py)."""
+"""LMCache end to end: real engine, real supervised cache server, CPU RAM + disk tiers (and Redis),
+on the session's `keyed_server` (tests/e2e/conftest.py; an API key on every request but /ping) after
+tests/e2e/test_kv_restart.py, test_security.py and test_tenants.py. Its volume and Redis hold what
+they (and `busy_server` before them) stored: each test here sends text none of them sent where a
+hit or a miss is what it proves."""
 
 from __future__ import annotations
 
@@ -14,34 +17,45 @@ import httpx
 import psutil
 import pytest
 
-from lmi_server.kvcache.host import shm_free_bytes
+from deploy.cluster import resp_command
+from lmi_server.kvcache.host import odirect_supported, shm_free_bytes
+from tests.e2e.conftest import REDIS_PASSWORD, SECURITY_KEYS
 from tests.e2e.test_api import metric_value
+from tests.support.kv_volume import real_chunks, redis_key, wait_stored
+
+KEYS = SECURITY_KEYS  # two unnamed keys: two tenants, each with its share of the queue
+# Sources of the first two tests' prompts: no earlier user of the server's volume and Redis sent them.
+FRESH = ("configparser.py", "threading.py")
 
 
-def long_prompt(n_chars: int = 9000) -> str:
-    text = Path(sysconfig.get_paths()["stdlib"], "argparse.py").read_text()
+def long_prompt(n_chars: int = 9000, source: str = "argparse.py") -> str:
+    text = Path(sysconfig.get_paths()["stdlib"], source).read_text()
     return text[:n_chars]
 
 
 @pytest.fixture(scope="module")
-def lmcache_server(lmcache_demo):
-    """The session's LMCache server (tests/e2e/conftest.py), which test_lifecycle.py's engine-death
-    tests take over after this module."""
-    return lmcache_demo
+def lmcache_server(keyed_server):
+    """The session's server with LMCache and API keys (tests/e2e/conftest.py), which
+    test_lifecycle.py's engine-death tests take over after this module."""
+    return keyed_server
 
 
-def complete(server, prompt: str, max_tokens: int = 8) -> dict:
+def auth(key: str = KEYS[0]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def complete(server, prompt: str, max_tokens: int = 8, key: str = KEYS[0]) -> dict:
     r = httpx.post(
         server.base_url + "/v1/completions",
         json={"model": "lmi-demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
-        timeout=120,
+        headers=auth(key), timeout=120,
     )
     assert r.status_code == 200, r.text
     return r.json()
 
 
 def metrics(server) -> str:
-    return httpx.get(server.base_url + "/metrics").text
+    return httpx.get(server.base_url + "/metrics", headers=auth()).text
 
 
 def cache_server_pid(server) -> int:
@@ -55,9 +69,10 @@ def cache_server_pid(server) -> int:
 
 
 def test_second_request_reuses_kv_from_lmcache_with_identical_text(lmcache_server):
-    prompt = long_prompt()
+    prompt = long_prompt(source=FRESH[0])
     first = complete(lmcache_server, prompt)
     assert first["usage"]["prompt_tokens"] > 1024
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, first["usage"]  # none of it stored before
     second = complete(lmcache_server, prompt)
     assert second["choices"][0]["text"] == first["choices"][0]["text"]
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -70,8 +85,9 @@ def test_second_request_reuses_kv_from_lmcache_with_identical_text(lmcache_serve
 
 
 def test_cache_server_killed_mid_traffic_recovers_and_hits_from_disk(lmcache_server):
-    prompt = long_prompt(11000)
-    reference = complete(lmcache_server, prompt)  # stored in L1 and on disk
+    prompt = long_prompt(11000, FRESH[1])
+    on_disk_before = real_chunks(lmcache_server.disk)
+    reference = complete(lmcache_server, prompt)  # stored in L1 and on disk (and in Redis)
     # Disk writes complete after the response: wait until every chunk in L1 is also on disk.
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -83,6 +99,15 @@ def test_cache_server_killed_mid_traffic_recovers_and_hits_from_disk(lmcache_ser
         time.sleep(0.5)
     assert written and on_disk >= written, f"only {on_disk} of {written} chunks reached the disk tier"
     assert any(Path(lmcache_server.disk).rglob("*"))
+    # its reads and writes bypass the page cache (extra_config.use_odirect) where the filesystem allows
+    log = lmcache_server.log_path.read_text(errors="replace")
+    assert ("O_DIRECT on" in log) == odirect_supported(Path(lmcache_server.disk)), lmcache_server.log_tail()
+    # The chunk counts above add up every second tier, and Redis is one here: the prompt's own chunk
+    # files on disk, then the same chunks out of Redis, so that its hits below come from disk only.
+    stored = wait_stored(lmcache_server.disk, lmcache_server.redis_port, REDIS_PASSWORD, on_disk_before)
+    for name in stored if lmcache_server.redis_port else ():
+        deleted = resp_command(lmcache_server.redis_port, "DEL", redis_key(name), password=REDIS_PASSWORD)
+        assert deleted.startswith(b":1"), (name, deleted)
 
     before = metric_value(metrics(lmcache_server), "lmi_lmcache_server_restarts_total")
     os.kill(cache_server_pid(lmcache_server), signal.SIGKILL)
@@ -107,8 +132,9 @@ def test_cache_server_killed_mid_traffic_recovers_and_hits_from_disk(lmcache_ser
             break
         time.sleep(2)
     # L1 died with the process; the disk tier still holds the chunks: hits come from L2.
+    l2_before = metric_value(metrics(lmcache_server), "lmi_lmcache_lookup_hit_l2_tokens_total") or 0
     again = complete(lmcache_server, prompt)
-    l2_hits = metric_value(metrics(lmcache_server), "lmi_lmcache_lookup_hit_l2_tokens_total") or 0
+    l2_hits = (metric_value(metrics(lmcache_server), "lmi_lmcache_lookup_hit_l2_tokens_total") or 0) - l2_before
     assert again["choices"][0]["text"] == reference["choices"][0]["text"]
     assert l2_hits > 0
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
@@ -117,20 +143,25 @@ def test_cache_server_killed_mid_traffic_recovers_and_hits_from_disk(lmcache_ser
 def test_cache_server_killed_while_kv_is_being_stored_fails_no_request(lmcache_server):
     """Kill the cache server while several long prompts are in prefill, their KV being stored: the
     connector drops the stores it gets no answer for, and every request completes (recomputed)."""
-    cmdline = " ".join(psutil.Process(cache_server_pid(lmcache_server)).cmdline())
+    argv = psutil.Process(cache_server_pid(lmcache_server)).cmdline()
+    cmdline = " ".join(argv)
     shm_free = shm_free_bytes() or 0
-    # the 1 GiB CPU tier goes into /dev/shm by default wherever it fits, and the log says which
-    assert ("--shm-name" in cmdline) == (shm_free >= 2**30)
+    # the CPU tier (max_local_cpu_size: --l1-size-gb) goes into /dev/shm by default wherever it fits
+    # (lmi_server/kvcache/lmcache.py, choose_shm), and the log says which
+    l1_bytes = float(argv[argv.index("--l1-size-gb") + 1]) * 2**30
+    assert ("--shm-name" in cmdline) == (shm_free >= l1_bytes)
     log = lmcache_server.log_path.read_text(errors="replace")
     assert "LMCache plan: " in log
-    assert ("mp_shm default" in log) == (shm_free >= 2**30)
+    assert ("mp_shm default" in log) == (shm_free >= l1_bytes)
     sources = ["argparse.py", "typing.py", "inspect.py", "dataclasses.py", "pathlib.py", "subprocess.py"]
     prompts = [Path(sysconfig.get_paths()["stdlib"], name).read_text()[2000:8000] for name in sources]
     results: list = [None] * len(prompts)
 
     def send(i: int) -> None:
+        # each key is a tenant that may run one request (the batch size) and queue five more
+        # (option.tenant_queue_share=0.5 of option.job_queue_size=10): three each, none refused
         try:
-            results[i] = complete(lmcache_server, prompts[i], 16)
+            results[i] = complete(lmcache_server, prompts[i], 16, key=KEYS[i % 2])
         except AssertionError as exc:  # a non-200 answer
             results[i] = exc
 
@@ -159,7 +190,9 @@ def wait_for_lmcache_round_trips(server, timeout_s: float = 120) -> None:
     source = Path(sysconfig.get_paths()["stdlib"], "argparse.py").read_text()
     deadline = time.monotonic() + timeout_s
     for attempt in range(1000):
-        prompt = source[attempt * 3000:(attempt + 1) * 3000]  # a new prompt each time: no earlier hit
+        # a new prompt each time: no earlier hit (the server's earlier users sent argparse.py's
+        # first 8,000 characters at most)
+        prompt = source[(attempt + 4) * 3000:(attempt + 5) * 3000]
         complete(server, prompt, 2)
         if complete(server, prompt, 2)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0:
             return

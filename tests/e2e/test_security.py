@@ -3,8 +3,9 @@ KV reuse isolated between adapters and the base model (LMCache's CPU, disk and R
 greedy), the Redis tier's password kept off every command line and out of the log, and output formatters
 that fail mid-stream (error event, engine request aborted, adapter lease released). The server
 (`keyed_server`, tests/e2e/conftest.py) is shared with tests/e2e/test_tenants.py, which runs after
-this module: its tenants' keys are in the same key file. It is tests/e2e/test_kv_restart.py's
-restart first, on `busy_server`'s volume and Redis (that module's documents are not these)."""
+this module (its tenants' keys are in the same key file), then test_lmcache.py and
+test_lifecycle.py's engine deaths. It is tests/e2e/test_kv_restart.py's restart first, on
+`busy_server`'s volume and Redis (that module's documents are not these)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ The server runs a batch of one (option.max_rolling_batch_size=1, plus the two sl
 option.reserved_slots adds for other tenants) with vLLM's priority scheduling; a long request (15,000 tokens, not streamed)
 holds alice's only slot while the tests queue her requests behind it. Tenants are named API keys
 (option.api_key_file). The server (`keyed_server`, tests/e2e/conftest.py) is shared with
-tests/e2e/test_security.py, whose unnamed keys are in the same file (LMCache and LoRA on as well).
+tests/e2e/test_security.py, whose unnamed keys are in the same file (LMCache and LoRA on as well),
+and after this module with test_lmcache.py and test_lifecycle.py's engine deaths.
 """
 
 from __future__ import annotations

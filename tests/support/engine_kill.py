@@ -49,17 +49,20 @@ def kill_engine(server_pid: int) -> list[int]:
     return [p.pid for p in procs]
 
 
-def completion_status(base_url: str, timeout: float = 60) -> int:
+def completion_status(base_url: str, timeout: float = 60, headers: dict[str, str] | None = None) -> int:
     body = {"model": "lmi-demo", "prompt": "import os\n", "max_tokens": 4}
     try:
-        return httpx.post(base_url + "/v1/completions", json=body, timeout=timeout).status_code
+        return httpx.post(base_url + "/v1/completions", json=body, headers=headers, timeout=timeout).status_code
     except httpx.HTTPError:
         return 0
 
 
-def wait_serving(base_url: str, since: float, timeout: float = 600, interval: float = 0.25) -> dict:
-    """Poll /ping and a small completion until the completion answers 200; seconds from `since`
-    (a time.monotonic()) to the first 200 of each, and the statuses seen on the way."""
+def wait_serving(
+    base_url: str, since: float, timeout: float = 600, interval: float = 0.25, headers: dict[str, str] | None = None
+) -> dict:
+    """Poll /ping and a small completion (sent with `headers`: a server's API key) until the
+    completion answers 200; seconds from `since` (a time.monotonic()) to the first 200 of each, and
+    the statuses seen on the way."""
     seen: list[int] = []
     ping_ok_s = None
     deadline = since + timeout
@@ -73,7 +76,7 @@ def wait_serving(base_url: str, since: float, timeout: float = 600, interval: fl
         if ping == 200:
             if ping_ok_s is None and len(seen) > 1:  # a 200 before the death was noticed does not count
                 ping_ok_s = time.monotonic() - since
-            if completion_status(base_url) == 200:
+            if completion_status(base_url, headers=headers) == 200:
                 ping_s = round(ping_ok_s, 2) if ping_ok_s is not None else None
                 return {"ping_200_s": ping_s, "serving_s": round(time.monotonic() - since, 2), "pings": seen}
         time.sleep(interval)

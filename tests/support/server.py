@@ -129,11 +129,13 @@ def server_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, props: dict[str, str], **attrs) -> Iterator[ServerProcess]:
-    """Write the properties, start the server, wait until /ping is 200, yield it (with `attrs` set
-    on it), stop it whatever happens."""
+def running_server(
+    model_dir: Path, props: dict[str, str], env: dict[str, str] | None = None, **attrs
+) -> Iterator[ServerProcess]:
+    """Write the properties, start the server (`env` added to `server_env()`), wait until /ping is
+    200, yield it (with `attrs` set on it), stop it whatever happens."""
     write_properties(model_dir, props)
-    proc = ServerProcess(model_dir, model_dir / "server.log", env=server_env()).start()
+    proc = ServerProcess(model_dir, model_dir / "server.log", env={**server_env(), **(env or {})}).start()
     for name, value in attrs.items():
         setattr(proc, name, value)
     try:
