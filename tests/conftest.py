@@ -1,5 +1,6 @@
 """Markers follow the folder: tests/unit -> unit, tests/integration -> integration, tests/e2e -> e2e.
-Servers start ahead of their first test while earlier tests run (tests/support/prestart.py)."""
+Unit and integration tests run first, so that the first servers of the end-to-end tests start
+while they run: servers start ahead of their first test (tests/support/prestart.py)."""
 
 import pathlib
 
@@ -8,12 +9,14 @@ import pytest
 from tests.support import prestart
 
 
+@pytest.hookimpl(trylast=True)  # after tests/e2e/conftest.py has ordered the end-to-end tests
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = pathlib.Path(str(item.fspath)).parts
         for marker in ("unit", "integration", "e2e"):
             if marker in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)  # stable: each part keeps its order
 
 
 @pytest.fixture(autouse=True)

@@ -114,10 +114,13 @@ def pytest_collection_modifyitems(config, items):
     of a follower after that one's place), the fuzzer after everything else (it loads adapters and
     fills caches that other modules expect fresh, and it reuses their session servers), the drain
     last (it ends the demo server)."""
-    last_of = {item.path.name: i for i, item in enumerate(items)}
+    here = Path(__file__).parent
+    last_of = {item.path.name: i for i, item in enumerate(items) if item.path.parent == here}
 
     def place(i, item, seen=()):
         """Its own index; a follower's: the place of the followed module's last test, then its own."""
+        if item.path.parent != here:  # a unit test module of the same name
+            return (i,)
         follows = FOLLOWS.get(item.originalname) or FOLLOWS.get(item.path.name)
         if follows not in last_of or follows in seen:
             return (i,)
