@@ -116,7 +116,8 @@ def _arguments(func: Callable, user: pytest.Item) -> dict[str, Any] | None:
 
 
 def ahead(item: pytest.Item) -> None:
-    """Start the next server the coming tests ask for, if none waits already and memory allows;
+    """Start the next server the coming tests ask for, if fewer than MAX_WAITING wait started and
+    memory allows;
     before a test marked `alone`, let every start under way finish and begin none."""
     if item.get_closest_marker("alone"):
         for started in _ahead.values():
