@@ -28,7 +28,8 @@ def pytest_sessionfinish(session):
     prestart.stop_untaken()
 """
 
-TESTS = """
+# What each test module starts with: its imports and `note`, which records an event with its thread.
+PREAMBLE = """
 import json
 import os
 import threading
@@ -42,7 +43,9 @@ from tests.support.prestart import prestartable
 def note(*event):
     with open(os.environ["EVENTS"], "a") as fh:
         fh.write(json.dumps([*event, threading.current_thread().name, time.monotonic()]) + "\\n")
+"""
 
+TESTS = PREAMBLE + """
 
 @pytest.fixture(scope="module")
 @prestartable
@@ -80,21 +83,7 @@ def test_other_user(needs_request):
     note("test", "other")
 """
 
-ALONE = """
-import json
-import os
-import threading
-import time
-
-import pytest
-
-from tests.support.prestart import prestartable
-
-
-def note(*event):
-    with open(os.environ["EVENTS"], "a") as fh:
-        fh.write(json.dumps([*event, threading.current_thread().name, time.monotonic()]) + "\\n")
-
+ALONE = PREAMBLE + """
 
 @pytest.fixture(scope="module")
 @prestartable
