@@ -7,8 +7,10 @@ step. With two or more requests in that step the sizes differ and the CPU kernel
 the single index broadcasts and the result is right. A request with `n > 1` (its `n` sequences
 prefill in one step) no ordering can make safe: `engine_limits` refuses it.
 
-How: every generation goes through `GatedEngineClient.generate` (installed on vLLM's serving
-objects). Ordinary generations hold the gate shared for as long as they run; one that computes
+How: the engine's own `generate` is replaced on the engine object itself (`install`), so every
+generation passes the gate whichever front door or serving object calls it (chat, completions,
+LMI's /invocations, Responses, Anthropic Messages, and any door added later): one place, not a
+list of serving objects. Ordinary generations hold the gate shared for as long as they run; one that computes
 prompt log-probabilities takes it exclusively, so it enters the engine only when nothing else is
 there and nothing else enters until its first output (its prefill, prompt log-probabilities
 included, is then done), after which it runs on as a shared holder. Waiters are served in arrival
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 
@@ -125,39 +127,31 @@ class Hold:
             self.gate._end(self.exclusive)
 
 
-class GatedEngineClient:
-    """vLLM's engine client with `generate` passed through the gate; everything else is the
-    engine's own (attribute reads and writes go to it)."""
+def _sampling_params(args: tuple, kwargs: dict) -> Any:
+    """The sampling parameters of an `AsyncLLM.generate(prompt, sampling_params, request_id, ...)` call."""
+    return kwargs["sampling_params"] if "sampling_params" in kwargs else (args[1] if len(args) > 1 else None)
 
-    def __init__(self, engine: Any, gate: PrefillGate):
-        object.__setattr__(self, "_engine", engine)
-        object.__setattr__(self, "_gate", gate)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+def gated(generate: Callable[..., AsyncIterator[Any]], gate: PrefillGate) -> Callable[..., AsyncIterator[Any]]:
+    """`generate` (the engine's bound method) passed through the gate."""
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._engine, name, value)
-
-    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any):
-        async with self._gate.hold(wants_exclusive(sampling_params)) as hold:
-            async for output in self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs):
+    async def gated_generate(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with gate.hold(wants_exclusive(_sampling_params(args, kwargs))) as hold:
+            async for output in generate(*args, **kwargs):
                 hold.started()
                 yield output
 
+    gated_generate.lmi_gate = gate  # type: ignore[attr-defined]
+    gated_generate.__wrapped__ = generate  # type: ignore[attr-defined]
+    return gated_generate
 
-SERVING_OBJECTS = ("openai_serving_chat", "openai_serving_completion")
 
-
-def install(serving: Any, engine: Any, gate: PrefillGate) -> int:
-    """Put the gate in front of the engine for vLLM's generating serving objects (chat,
-    completion); returns how many were gated. Run on every engine build (a rebuilt engine comes
-    with new serving objects)."""
-    gated = GatedEngineClient(engine, gate)
-    count = 0
-    for name in SERVING_OBJECTS:
-        obj = getattr(serving, name, None)
-        if obj is not None and getattr(obj, "engine_client", None) is engine:
-            obj.engine_client = gated
-            count += 1
-    return count
+def install(engine: Any, gate: PrefillGate) -> bool:
+    """Put the gate in the engine's own `generate` (an attribute of the engine object, which the
+    class's method stands behind); False when this engine already has it. Run on every engine build
+    (a rebuilt engine is a new object)."""
+    current = getattr(engine, "generate", None)
+    if current is None or getattr(current, "lmi_gate", None) is not None:
+        return False
+    engine.generate = gated(current, gate)
+    return True

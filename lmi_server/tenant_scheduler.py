@@ -11,6 +11,15 @@ requests skip one decode step (vLLM's own `next_decode_eligible_step`, the caden
 parallelism uses) and other waiting requests wait one step more: the step holds those prefills
 alone, as vLLM's first scheduler did for every prefill.
 
+Invariants kept: vLLM admits a waiting request only if its LoRA fits beside the LoRAs of the
+requests it scheduled this step, which in vLLM's own steps are all the running ones. In a cleared
+step the running requests are not scheduled, so vLLM's check alone would let in adapters beyond
+`max_loras` beside the running set, and the next step, which schedules everyone, breaks vLLM's
+`len(scheduled_loras) <= max_loras` (the engine dies). So a cleared step takes only newcomers
+whose adapters fit, counted with every running request's adapter (`fitting`), and none while
+requests holding KV blocks wait (vLLM drains those first, whatever their adapter). Token budget,
+encoder budget and slots stay vLLM's to enforce: the cleared step is vLLM's own `schedule`.
+
 Bounds: never two such steps in a row (however many tenants arrive, the running requests lose at
 most every other step); only when the engine has a free sequence slot; never for a tenant that
 runs its share or more (a flood's refills mix with its decodes as before, and tenants running alike
@@ -77,6 +86,28 @@ def newcomers(waiting: Iterable[Any], running: list[Any]) -> list[Any]:
     return found
 
 
+def lora_id(request: Any) -> int:
+    lora = getattr(request, "lora_request", None)
+    return lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else 0
+
+
+def fitting(due: list[Any], running: list[Any], max_loras: int | None) -> list[Any]:
+    """The newcomers, in order, whose adapters fit with those of every running request within
+    `max_loras` distinct adapters (None: LoRA off, all fit); the base model always fits."""
+    if max_loras is None:
+        return due
+    loras = {lora_id(r) for r in running} - {0}
+    found = []
+    for request in due:
+        lora = lora_id(request)
+        if lora and lora not in loras:
+            if len(loras) >= max_loras:
+                continue
+            loras.add(lora)
+        found.append(request)
+    return found
+
+
 class TenantPrefillScheduler(Scheduler):
     """vLLM's Scheduler (or AsyncScheduler, where vLLM runs asynchronous scheduling) that clears a
     step for the first prefill of a tenant under its share (see the module docstring)."""
@@ -97,7 +128,10 @@ class TenantPrefillScheduler(Scheduler):
     def _newcomers_due(self) -> list[Any]:
         if not self.waiting or self._cleared_step == self.current_step or len(self.running) >= self.max_num_running_reqs:
             return []  # nobody waits (most steps); never two cleared steps in a row; no slot for a newcomer
-        return newcomers(self.waiting, self.running)
+        if getattr(self, "kv_holding_waiting", None):
+            return []  # vLLM admits these first in any step, whatever their adapter
+        max_loras = self.lora_config.max_loras if self.lora_config else None
+        return fitting(newcomers(self.waiting, self.running), self.running, max_loras)
 
     def schedule(self, *args: Any, **kwargs: Any):
         due = self._newcomers_due()

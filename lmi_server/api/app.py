@@ -60,7 +60,7 @@ def install_engine_guards(ctx: AppContext) -> None:
 
     def guard_engine() -> None:
         ctx.engine_limits = EngineLimits.of_engine(owner.state.engine)
-        if gate is not None and prefill_gate.install(owner.state.serving, owner.state.engine, gate):
+        if gate is not None and prefill_gate.install(owner.state.engine, gate):
             log.info("LoRA on: a request asking for prompt log-probabilities prefills alone in the engine")
 
     owner.on_ready.append(guard_engine)

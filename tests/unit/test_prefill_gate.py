@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from lmi_server.prefill_gate import GatedEngineClient, PrefillGate, install
+from lmi_server.prefill_gate import PrefillGate, install
 
 
 async def _settle():
@@ -120,20 +120,19 @@ class FakeEngine:
             yield f"{request_id}-{i}"
 
 
-def test_the_gated_client_passes_generate_and_everything_else_through():
+def test_the_gated_engine_passes_generate_through_with_its_arguments():
     async def scenario():
         engine = FakeEngine()
         gate = PrefillGate()
-        client = GatedEngineClient(engine, gate)
+        assert install(engine, gate)
         plain = SimpleNamespace(prompt_logprobs=None)
         with_prompt_lps = SimpleNamespace(prompt_logprobs=0)
-        out = [o async for o in client.generate("p", plain, "r1", lora_request=None)]
+        out = [o async for o in engine.generate("p", plain, "r1", lora_request=None)]
         assert out == ["r1-0", "r1-1", "r1-2"] and engine.calls[0][2] == {"lora_request": None}
-        assert [o async for o in client.generate("p", with_prompt_lps, "r2")][-1] == "r2-2"
+        assert gate.exclusive_served == 0
+        # by keyword, as a serving object may call it
+        assert [o async for o in engine.generate(prompt="p", sampling_params=with_prompt_lps, request_id="r2")][-1] == "r2-2"
         assert gate.exclusive_served == 1 and gate.running == 0
-        assert client.errored is False
-        client.errored = True  # writes reach the engine
-        assert engine.errored is True
 
     asyncio.run(scenario())
 
@@ -141,8 +140,9 @@ def test_the_gated_client_passes_generate_and_everything_else_through():
 def test_a_generator_closed_early_releases_its_place():
     async def scenario():
         gate = PrefillGate()
-        client = GatedEngineClient(FakeEngine(), gate)
-        gen = client.generate("p", SimpleNamespace(prompt_logprobs=1), "r")
+        engine = FakeEngine()
+        install(engine, gate)
+        gen = engine.generate("p", SimpleNamespace(prompt_logprobs=1), "r")
         assert await gen.__anext__() == "r-0"
         assert gate.running == 1
         await gen.aclose()
@@ -151,14 +151,23 @@ def test_a_generator_closed_early_releases_its_place():
     asyncio.run(scenario())
 
 
-def test_install_gates_the_generating_serving_objects_of_this_engine():
-    engine = FakeEngine()
-    serving = SimpleNamespace(
-        openai_serving_chat=SimpleNamespace(engine_client=engine),
-        openai_serving_completion=SimpleNamespace(engine_client=engine),
-        openai_serving_models=SimpleNamespace(engine_client=engine),
-    )
-    assert install(serving, engine, PrefillGate()) == 2
-    assert isinstance(serving.openai_serving_chat.engine_client, GatedEngineClient)
-    assert serving.openai_serving_models.engine_client is engine
-    assert install(serving, engine, PrefillGate()) == 0  # already gated
+def test_every_caller_of_the_engine_passes_the_gate_once():
+    """Whatever holds the engine (a serving object of any front door, a door added later) calls
+    the gated generate: the gate sits in the engine object, not in a list of serving objects."""
+
+    async def scenario():
+        engine = FakeEngine()
+        gate = PrefillGate()
+        assert install(engine, gate) is True
+        assert install(engine, PrefillGate()) is False  # already gated: never twice
+        responses_like = SimpleNamespace(engine_client=engine)  # holds the engine itself
+        exclusive = responses_like.engine_client.generate("p", SimpleNamespace(prompt_logprobs=0), "x")
+        assert await exclusive.__anext__() == "x-0"
+        other = asyncio.create_task(anext(engine.generate("p", SimpleNamespace(prompt_logprobs=None), "y")))
+        await _settle()
+        # the exclusive one has started: the other is let in after its first output
+        assert other.done() and other.result() == "y-0"
+        await exclusive.aclose()
+        assert gate.exclusive_served == 1
+
+    asyncio.run(scenario())

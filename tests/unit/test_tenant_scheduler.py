@@ -18,7 +18,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from lmi_server.tenant_scheduler import TENANT_ARG, TenantPrefillScheduler, newcomers, tenant_of
+from lmi_server.tenant_scheduler import TENANT_ARG, TenantPrefillScheduler, fitting, lora_id, newcomers, tenant_of
 
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
@@ -176,3 +176,61 @@ def test_only_ready_first_prefills_of_idle_tenants_are_newcomers(waiting, expect
     running = [SimpleNamespace(is_prefill_chunk=False, sampling_params=None, lora_request=None)]
     assert newcomers(waiting, running) == [waiting[i] for i in expected]
     assert newcomers(waiting, [SimpleNamespace(is_prefill_chunk=True, sampling_params=None, lora_request=None)]) == []
+
+
+def lora_scheduler(tmp_path, max_loras: int, **kwargs) -> TenantPrefillScheduler:
+    from vllm.config import LoRAConfig
+
+    s = scheduler(tmp_path, **kwargs)
+    s.lora_config = LoRAConfig(max_loras=max_loras, max_lora_rank=8)
+    return s
+
+
+def run_to_end(s: TenantPrefillScheduler, max_loras: int, steps: int = 400) -> list[dict[str, int]]:
+    """Steps until nothing is left, each checked for vLLM's LoRA invariant (its own assertion,
+    in vLLM's schedule(), would kill the engine one step later)."""
+    seen = []
+    for _ in range(steps):
+        if not s.running and not s.waiting:
+            break
+        loras = {lora_id(r) for r in s.running} - {0}
+        assert len(loras) <= max_loras, f"running set holds adapters {sorted(loras)} over max_loras={max_loras}"
+        seen.append(step(s))
+    assert not s.running and not s.waiting
+    return seen
+
+
+def test_a_cleared_step_never_lets_more_adapters_run_than_max_loras(tmp_path):
+    """The issue's flood: max_loras 1, two adapters busy. An adapter that does not fit beside the
+    running ones gets no step of its own; vLLM admits it when the running adapter is done."""
+    s = lora_scheduler(tmp_path, max_loras=1)
+    for i in range(3):
+        s.add_request(request(f"a{i}", lora=1, max_tokens=5))
+    step(s)
+    for i in range(3):
+        s.add_request(request(f"b{i}", lora=2, max_tokens=5))
+    steps = run_to_end(s, max_loras=1)
+    assert s.cleared_steps == 0
+    first_b = next(i for i, st in enumerate(steps) if "b0" in st)
+    assert all(not any(r.startswith("a") for r in st) for st in steps[first_b:])  # after the a's, alone
+
+
+def test_a_cleared_step_takes_the_newcomers_whose_adapters_fit(tmp_path):
+    s = lora_scheduler(tmp_path, max_loras=2)
+    for i in range(3):
+        s.add_request(request(f"a{i}", lora=1, max_tokens=6))
+    step(s)
+    step(s)
+    s.add_request(request("c", lora=3, max_tokens=6))
+    s.add_request(request("b", lora=2, max_tokens=6))  # only one more adapter fits beside adapter 1
+    s.add_request(request("base", max_tokens=6))  # the base model always fits
+    assert step(s) == {"c": PROMPT, "base": PROMPT}
+    assert s.cleared_steps == 1
+    run_to_end(s, max_loras=2)
+
+
+def test_fitting_counts_every_running_adapter():
+    running = [SimpleNamespace(lora_request=LoRARequest("a", 1, "/x")), SimpleNamespace(lora_request=None)]
+    due = [SimpleNamespace(lora_request=LoRARequest(n, i, "/x")) for n, i in (("b", 2), ("a", 1), ("c", 3))]
+    assert [r.lora_request.lora_int_id for r in fitting(due, running, 2)] == [2, 1]
+    assert fitting(due, running, None) == due
