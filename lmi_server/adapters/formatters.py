@@ -13,7 +13,9 @@ are written.
         same kind of thing it got (the response object, or a `data:` chunk string) edits vLLM's
         output in place: the server then still shapes it for the request's schema (LMI's
         `generated_text` and token lines, OpenAI's choices), which is how an adapter changes only
-        the text.
+        the text. Every front door shows it one of these shapes: /v1/messages hands it vLLM's chat
+        answer before rendering the Messages answer from it, /v1/responses its text as a chat
+        answer (api/responses/formatting.py), so a formatter written for chat works on every door.
     async def handle(inputs: Input) (the model directory's model.py only): LMI's custom handler,
         which sees each /invocations request first (see lmi_server/api/sagemaker/custom_handler.py).
 The `(text, context)` functions of earlier versions are retired: an unmarked `input_formatter` /

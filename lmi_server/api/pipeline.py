@@ -58,7 +58,7 @@ from lmi_server.api.body import read_json_body
 from lmi_server.api.context import Shape, app_context, begin, request_context
 from lmi_server.api.errors import APIError, engine_unavailable, from_engine_limit, from_vllm_error, from_vllm_exception
 from lmi_server.api.format_in import apply_payload_formatter
-from lmi_server.api.respond import respond, sse_to_jsonl, yielding
+from lmi_server.api.respond import DoorFormatting, respond, sse_to_jsonl, yielding
 from lmi_server.api.media import check_messages
 from lmi_server.engine_limits import UnsupportedCombination
 from lmi_server.tenant_scheduler import TENANT_ARG
@@ -88,6 +88,9 @@ class Generation:
     """Wire format of a streamed answer: "sse" or "jsonl"."""
     dump: Callable[[Any], Any] | None = None
     """vLLM's answer object -> JSON values before `shape_json`; None: `model_dump(exclude_none=False)`."""
+    formatting: DoorFormatting | None = None
+    """How an output formatter sees this door's answers (`api/respond.DoorFormatting`); None: vLLM's
+    chat or completion objects and chunks, as they are."""
 
 
 def engine_state(request: Request):
@@ -264,5 +267,5 @@ async def serve(
     return await respond(
         request, result, shape_json=lambda body: gen.shape_json(usage.json(body)), shape_stream=shape_stream,
         kind=gen.stream, headers=headers, wrap=lambda stream: yielding(usage.stream(stream), ticket),
-        **({"dump": gen.dump} if gen.dump is not None else {}),
+        formatting=gen.formatting, **({"dump": gen.dump} if gen.dump is not None else {}),
     )

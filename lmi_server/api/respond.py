@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -215,6 +216,28 @@ async def _formatted_stream(ctx: RequestContext, source: AsyncIterator[Any], for
     return mode, as_is()
 
 
+@dataclass(frozen=True)
+class DoorFormatting:
+    """How a front door whose answers are not vLLM's chat or completion objects shows its text to
+    an output formatter in their shape and takes the result back (e.g. api/responses/formatting.py):
+    `whole(formatters, result)` for a whole answer, `stream(formatters, events)` over the door's
+    encoded stream. Doors without one hand the formatter vLLM's own object or chunks."""
+
+    whole: Callable[[Formatters, Any], Any]
+    stream: Callable[[Formatters, AsyncIterator[str]], AsyncIterator[str]]
+
+
+async def _door_formatted(ctx: RequestContext, events: AsyncIterator[str]) -> AsyncIterator[Any]:
+    """A door-formatted stream; a formatter failing ends it with an error event in the door's shape."""
+    try:
+        async for event in events:
+            yield event
+    except FormatterError as exc:
+        log.warning("formatters: %s", exc)
+        yield stream_error_event(APIError(424, f"Custom formatter failed: {exc}"), ctx.shape, "sse")
+        await close_streams(ctx)
+
+
 async def _encoded(body: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     async for chunk in body:
         yield chunk if isinstance(chunk, bytes) else str(chunk).encode("utf-8")
@@ -235,6 +258,7 @@ async def respond(
     headers: dict[str, str] | None,
     wrap: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] = lambda body: body,
     dump: Callable[[Any], Any] = lambda value: value.model_dump(exclude_none=False),
+    formatting: DoorFormatting | None = None,
 ) -> Response:
     """The one way out: vLLM's result -> output formatter (if any) -> the schema's shape ->
     response. `kind` is the stream's wire format ("sse" or "jsonl"); `wrap` sees the body last
@@ -246,7 +270,7 @@ async def respond(
         value = result
         if formatters is not None:
             try:
-                value = formatters.format_response(result)
+                value = formatting.whole(formatters, result) if formatting else formatters.format_response(result)
             except FormatterError as exc:
                 log.warning("formatters: %s", exc)
                 raise APIError(424, f"Custom formatter failed: {exc}") from None
@@ -256,6 +280,8 @@ async def respond(
     _track(ctx, result)
     if formatters is None:
         body = _encoded(_track(ctx, shape_stream(result)))
+    elif formatting is not None:
+        body = _encoded(_track(ctx, _door_formatted(ctx, formatting.stream(formatters, shape_stream(result)))))
     else:
         mode, formatted = await _formatted_stream(ctx, result, formatters, kind)
         body = _encoded(_track(ctx, shape_stream(formatted))) if mode == "edit" else formatted

@@ -391,6 +391,12 @@ def _prompt_logprob_requests(rounds: int = 2) -> list[tuple[str, dict, int]]:
         ("/v1/chat/completions", {**chat, "prompt_logprobs": 1}, 200),
         ("/v1/chat/completions", {**chat, "echo": True, "model": "shouter"}, 200),
         ("/v1/chat/completions", {**chat, "stream": True}, 200),
+        # the newer doors call the engine through their own serving objects: they pass the gate too
+        ("/v1/responses", {"model": "hello-printer", "input": PROMPT, "max_output_tokens": 8}, 200),
+        ("/v1/responses", {"model": "shouter", "input": PROMPT, "max_output_tokens": 8, "stream": True}, 200),
+        ("/v1/messages", {"model": "shouter", "max_tokens": 8, "messages": [{"role": "user", "content": PROMPT}]}, 200),
+        ("/v1/messages", {"model": "hello-printer", "max_tokens": 8, "stream": True,
+                          "messages": [{"role": "user", "content": PROMPT}]}, 200),
         # one request's several sequences prefill in one step: refused, naming n and the option
         ("/v1/completions", {**completion, "prompt_logprobs": 1, "n": 2}, 400),
         ("/invocations", {"inputs": PROMPT, "parameters": {**DETAILS, "n": 2}}, 400),
@@ -485,3 +491,63 @@ def test_usage_series_by_tenant_and_adapter_move_with_requests(lora):
     assert delta("lmi_adapter_queue_wait_seconds_count", adapter="hello-printer") == 2
     assert delta("lmi_tenant_requests_total", tenant="hello-printer", outcome="admitted") == 2
     assert _sum(after, "lmi_adapter_resident", adapter="hello-printer") == 1
+
+
+def test_more_busy_adapters_than_max_loras_keep_the_engine_alive(lora):
+    """Three adapters busy at once on max_loras=2 (by SageMaker's adapter header, twelve at once):
+    the tenant scheduler's step for a newcomer never lets a third adapter run beside two."""
+    names = ["hello-printer", "shouter", "hello-copy"] * 4
+    with ThreadPoolExecutor(len(names)) as pool:
+        answers = list(pool.map(lambda n: post(lora, "/invocations", {"inputs": "def main():", "parameters": {
+            "max_new_tokens": 24, "do_sample": False}}, headers={HEADER: n}, timeout=300), names))
+    for name, r in zip(names, answers):
+        assert r.status_code == 200, (name, r.text[:300])
+        assert r.json()["generated_text"].startswith(SHOUT if name == "shouter" else HELLO), (name, r.text)
+    assert httpx.get(lora.base_url + "/ping").status_code == 200
+    assert_healthy(lora)
+
+
+def _responses_text(body: dict) -> str:
+    return "".join(part["text"] for item in body["output"] if item["type"] == "message"
+                   for part in item["content"] if part["type"] == "output_text")
+
+
+def _sse_data(text: str) -> list[dict]:
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+
+
+def test_an_adapters_output_formatter_shapes_its_answer_on_every_front_door(lora):
+    """shouter's formatter (written against the chat answer) upper-cases its text on /v1/responses
+    and /v1/messages too, streamed or not: the same text as on /v1/chat/completions."""
+    question = "Write a function that opens a file."
+    chat = post(lora, "/v1/chat/completions", {"model": "shouter", "messages": [{"role": "user", "content": question}],
+                                               "max_tokens": 12, "temperature": 0})
+    assert chat.status_code == 200, chat.text
+    expected = chat.json()["choices"][0]["message"]["content"]
+    assert expected and expected == expected.upper() and any(c.isalpha() for c in expected)
+    plain = post(lora, "/v1/chat/completions", {"model": "hello-printer", "messages": [{"role": "user", "content": question}],
+                                                "max_tokens": 12, "temperature": 0}).json()["choices"][0]["message"]["content"]
+    assert plain != plain.upper()  # other adapters untouched
+
+    responses = {"model": "shouter", "input": question, "max_output_tokens": 12, "temperature": 0}
+    r = post(lora, "/v1/responses", responses)
+    assert r.status_code == 200, r.text
+    assert _responses_text(r.json()) == expected
+    with httpx.stream("POST", lora.base_url + "/v1/responses", json={**responses, "stream": True}, timeout=120) as s:
+        events = _sse_data(s.read().decode())
+        assert s.status_code == 200
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == expected
+    done = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done and done[-1]["text"] == expected
+    completed = next(e for e in events if e["type"] == "response.completed")
+    assert _responses_text(completed["response"]) == expected
+
+    messages = {"model": "shouter", "max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": question}]}
+    r = post(lora, "/v1/messages", messages)
+    assert r.status_code == 200, r.text
+    assert "".join(b["text"] for b in r.json()["content"] if b["type"] == "text") == expected
+    with httpx.stream("POST", lora.base_url + "/v1/messages", json={**messages, "stream": True}, timeout=120) as s:
+        events = _sse_data(s.read().decode())
+        assert s.status_code == 200
+    streamed = "".join(e["delta"]["text"] for e in events if e.get("type") == "content_block_delta" and e["delta"].get("type") == "text_delta")
+    assert streamed == expected

@@ -39,7 +39,29 @@ def count_type():
 
 
 def messages_call(serving: Any):
-    return serving.anthropic_serving_messages.create_messages
+    """vLLM's `create_messages` in its two halves: the chat completion here, so that an output
+    formatter sees the chat answer or chunks it sees on /v1/chat/completions; vLLM's converters
+    (`rendering`) make the Messages answer of what the formatter returned."""
+    messages = serving.anthropic_serving_messages
+
+    async def call(request: Any, raw_request: Any) -> Any:
+        effort = "none"
+        if request.thinking is not None and request.thinking.type == "disabled":
+            effort = await messages._get_disabled_thinking_effort()
+        chat = messages.to_chat_completion_request(
+            request, merge_inline_system=messages._merge_inline_system, disabled_thinking_effort=effort,
+        )
+        return await messages.create_chat_completion(chat, raw_request)
+
+    return call
+
+
+def rendering(serving: Any) -> dict[str, Any]:
+    """The Generation's shaping: vLLM's chat answer (after the formatter) as a Messages answer or
+    Anthropic's event stream, as vLLM's own create_messages would have returned it."""
+    messages = serving.anthropic_serving_messages
+    return {"dump": lambda chat: dumped(messages.messages_full_converter(chat)),
+            "shape_stream": messages.message_stream_converter}
 
 
 def _image_url(source: Any) -> str | None:
@@ -81,7 +103,7 @@ def parser(request: Request, headers: dict[str, str]):
         state = engine_state(request)
         await check_parts(request, state, content_parts(parsed))
         headers.update(await output_budget.clamp(state.serving.anthropic_serving_messages, parsed, size, "max_tokens", prompt_tokens))
-        return Generation(parsed, messages_call, dump=dumped)
+        return Generation(parsed, messages_call, **rendering(state.serving))
 
     return parse
 

@@ -19,7 +19,11 @@ from lmi_server.api.context import Shape, begin
 from lmi_server.api.front_door import body_bytes, check_parts, send
 from lmi_server.api.openai.routes import parse_request
 from lmi_server.api.pipeline import Generation, call_serving, engine_state, serve
+from lmi_server.api.respond import DoorFormatting
+from lmi_server.api.responses.formatting import format_stream, format_whole
 
+FORMATTING = DoorFormatting(whole=format_whole, stream=format_stream)
+"""An adapter's output formatter sees the text as a chat answer (api/responses/formatting.py)."""
 CREATE = "/v1/responses"
 PATHS = (CREATE,)
 router = APIRouter()
@@ -103,7 +107,7 @@ def parser(request: Request, headers: dict[str, str]):
         state = engine_state(request)
         await check_parts(request, state, content_parts(parsed))
         headers.update(await output_budget.clamp(state.serving.openai_serving_responses, parsed, size, "max_output_tokens", prompt_tokens))
-        return Generation(parsed, responses_call, shape_stream=sse_events, dump=dumped)
+        return Generation(parsed, responses_call, shape_stream=sse_events, dump=dumped, formatting=FORMATTING)
 
     return parse
 
