@@ -2,8 +2,9 @@
 
 Life of an adapter:
   registered   directory validated (config, safetensors header, shapes against the base model),
-               model.py imported; no weights read. `discover()` does this for every
-               sub-directory of the adapters root at start-up.
+               model.py imported (from a remote src only with option.trust_remote_code, else the
+               adapter is refused: `src_paths.refuse_remote_code`); no weights read.
+               `discover()` does this for every sub-directory of the adapters root at start-up.
   resident     first request: weights loaded into vLLM by vLLM's own
                `OpenAIServingModels.load_lora_adapter` (a `LoRARequest` the engine caches).
                One asyncio.Lock per name, so concurrent first requests load once.
@@ -74,6 +75,7 @@ class AdapterRegistry:
         max_rank: int | None = None,
         capacity: int = 1,
         base: BaseModelInfo | None = None,
+        trust_remote_code: bool = False,
     ):
         self.backend = backend
         self.root = root
@@ -81,6 +83,7 @@ class AdapterRegistry:
         self.max_rank = max_rank
         self.capacity = max(1, capacity)
         self.base = base
+        self.trust_remote_code = trust_remote_code  # import model.py of an adapter from a remote src
         self.adapters: dict[str, AdapterEntry] = {}
         self.failed: dict[str, str] = {}
         self._lru: OrderedDict[str, AdapterEntry] = OrderedDict()  # resident, least recent first
@@ -258,6 +261,7 @@ class AdapterRegistry:
         if pin and not preload:
             raise AdapterInvalid(PIN_WITHOUT_PRELOAD)
         path = await asyncio.to_thread(self.resolve_src, src) if is_remote(src) else self.resolve_src(src)
+        src_paths.refuse_remote_code(name, src, path, trusted=self.trust_remote_code)
         entry = self.register(name, path, pin=pin)
         entry.preload, entry.source = preload, src
         log.info("adapters: registered %r from %s (preload %s, pin %s)", name, path, preload, pin)

@@ -1,13 +1,19 @@
 """Where an adapter's `src` may point: a local directory inside an allowed root (after symlinks
-are resolved, for the directory and every file read from it), or an s3:// URL downloaded once."""
+are resolved, for the directory and every file read from it), or an s3:// URL downloaded once;
+and whether the code that arrives with a downloaded adapter may run (`refuse_remote_code`)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from lmi_server.adapters.errors import AdapterUnavailable
 from lmi_server.adapters.validation import CONFIG_FILE, FORMATTER_FILE, WEIGHTS_FILES, AdapterInvalid
 from lmi_server.source_ref import is_remote
+
+log = logging.getLogger(__name__)
+
+TRUST_OPTION = "option.trust_remote_code"
 
 
 def resolve_src(src: str, allowed_roots: list[Path]) -> Path:
@@ -61,3 +67,32 @@ def fetch_remote(src: str) -> Path:
         raise AdapterInvalid(f"src {src!r}: {exc.cause}") from None
     except ModelSourceError as exc:
         raise AdapterUnavailable(f"src {src!r} cannot be downloaded: {exc.cause}") from None
+
+
+def refuse_remote_code(name: str, src: str, path: Path, *, trusted: bool) -> None:
+    """An adapter downloaded from a remote `src` (what `resolve_src` fetches: s3://) that carries a
+    `model.py` is refused (AdapterInvalid, a 400; nothing is registered, nothing imported) unless
+    `option.trust_remote_code` is true.
+
+    One switch for code that arrives with the model or an adapter from elsewhere: the key LMI and
+    vLLM already read for the model's own Python files, and Hugging Face's rule for the same risk
+    (code from a repository runs only when the caller says it trusts it). The adapter API is open
+    unless API keys are set, so without this anyone who can reach the port could make the server
+    import a script of their choosing.
+
+    Refused rather than registered without its formatter: the formatter is part of what the
+    adapter answers (its request shape, its output), so serving its weights alone would answer
+    its clients differently from what its author wrote, and a note in the registration response
+    reaches only the one who registered it. The 400 says which option would import the script and
+    that registering the adapter without `model.py` serves its weights alone. Local directories
+    (the model's adapters root, option.adapters_path, start-up discovery) are not remote: their
+    `model.py` is imported as always (whoever can write there can already change the server)."""
+    if trusted or not is_remote(src) or not (path / FORMATTER_FILE).is_file():
+        return
+    message = (
+        f"adapter {name!r}: {src} carries {FORMATTER_FILE}, code from a remote source, which is imported only "
+        f"with {TRUST_OPTION}=true; set it to run the adapter's formatters, or register the adapter without "
+        f"{FORMATTER_FILE} to serve its weights alone (nothing was registered)"
+    )
+    log.warning("adapters: %s", message)
+    raise AdapterInvalid(message)

@@ -7,8 +7,9 @@
     DELETE /adapters/{name}             DELETE /models/{model}/adapters/{name}
 
 Fields (query parameters, LMI's form, or a JSON body): `name`, `src` (a local directory inside the
-adapter root), `preload` (default true, as LMI: load the weights now), `pin` (default false: keep
-them resident; `pinned` is accepted as another name). Update takes `preload`, `pin` (and `src`,
+adapter root, or s3://...: one with a model.py only under option.trust_remote_code), `preload`
+(default true, as LMI: load the weights now), `pin` (default false: keep them resident; `pinned`
+is accepted as another name). Update takes `preload`, `pin` (and `src`,
 which must be unchanged); what it does not name keeps its value. Listing pages as LMI's does
 (`limit`, `next_page_token`; `nextPageToken` in the answer while more follow).
 

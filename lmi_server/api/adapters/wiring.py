@@ -56,6 +56,7 @@ def build_registry(cfg: Any, owner: Any):
         max_rank=int(engine_args.get("max_lora_rank") or 16),
         capacity=registry_capacity(engine_args),
         base=base_model_info(str(engine_args.get("model")), backend.base_names()),
+        trust_remote_code=bool(engine_args.get("trust_remote_code")),
     )
     registry.discover()
     with_adapter_listing(models, registry)
