@@ -7,7 +7,6 @@ their port through SageMaker's SAGEMAKER_BIND_TO_PORT.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import time
@@ -18,11 +17,6 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "containers.sh"
-# What decides whether the GPU image still builds: its Dockerfile, the project's dependencies and the script.
-GPU_IMAGE_INPUTS = (
-    "Dockerfile", "pyproject.toml", "scripts/containers.sh", "scripts/repair_torch.py", "scripts/build_suffix_decoding.py",
-)
-GPU_IMAGE_VERIFIED = REPO / "tests" / "data" / "gpu_image_verified.json"
 
 
 def script(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
@@ -116,30 +110,3 @@ def run_to_exit(image: str, *options: str, command: tuple[str, ...] = (), timeou
     proc = subprocess.run(["docker", "run", "--rm", "--network", "host", *options, image, *command],
                           capture_output=True, text=True, timeout=timeout_s)
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
-
-
-TEST_ONLY_EXTRAS = ("test", "bench")
-"""pyproject extras the GPU image never installs (it installs `.[gpu]`)."""
-
-
-def image_relevant_pyproject(text: str) -> bytes:
-    """What of pyproject.toml the GPU image installs: the parsed file without comments and without
-    the test-only extras, so a new test dependency does not call for a 13-minute image rebuild."""
-    import json
-    import tomllib
-
-    data = tomllib.loads(text)
-    extras = data.get("project", {}).get("optional-dependencies", {})
-    for name in TEST_ONLY_EXTRAS:
-        extras.pop(name, None)
-    return json.dumps(data, sort_keys=True).encode()
-
-
-def gpu_image_inputs_digest(read=lambda rel: (REPO / rel).read_bytes()) -> str:
-    digest = hashlib.sha256()
-    for rel in GPU_IMAGE_INPUTS:
-        content = read(rel)
-        if rel == "pyproject.toml":
-            content = image_relevant_pyproject(content.decode())
-        digest.update(rel.encode() + b"\0" + content + b"\0")
-    return digest.hexdigest()

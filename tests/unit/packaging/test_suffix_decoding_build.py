@@ -37,9 +37,10 @@ def test_make_setup_builds_it_after_the_project_and_rebuilds_when_the_script_cha
 
 
 def test_the_gpu_image_record_covers_the_script():
-    from tests.support.containers import GPU_IMAGE_INPUTS
+    """The extension is built in the dependency stage: a change of the script calls for a GPU build."""
+    from tests.support.gpu_record import gpu_image_inputs
 
-    assert SCRIPT in GPU_IMAGE_INPUTS
+    assert SCRIPT in gpu_image_inputs().dependencies
 
 
 def test_pins_and_no_cuda_ops():
