@@ -7,7 +7,9 @@ offers, one server at a time; the figures go to benchmarks/results/fuzz_valid.js
 Each configuration: the server is started as `lmi-server serve` with its properties, fuzzed for
 the budget (batches of 1, 2, 4 and 8 valid requests, tests/support/valid_fuzz.py), then stopped.
 A configuration whose server does not start is recorded with the reason. Exit code 1 when any
-configuration had an engine death, a 5xx, a hang or an answer from another model.
+configuration had an engine death, a 5xx, a hang, an answer from another model, an exception of the
+fuzzer itself, or fewer batches than --min-batches; the smallest failing batch is printed as a
+script that sends it again.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def _demo_adapters(model_dir: Path) -> None:
     root.mkdir(exist_ok=True)
     for name in ("hello-printer", "shouter"):
         shutil.copytree(REPO / "adapters" / name, root / name, dirs_exist_ok=True)
+    shutil.copytree(REPO / "adapters" / "hello-printer", root / "hello-copy", dirs_exist_ok=True)  # a third adapter
 
 
 def _lmcache_file(model_dir: Path, disk: bool = False) -> None:
@@ -60,13 +63,35 @@ def _demo_dir() -> str:
     return str(ensure_demo_model())
 
 
+ADAPTERS = ("hello-printer", "shouter", "hello-copy")
 # name -> (properties, files to prepare in the model directory, what the fuzzer may send)
 CONFIGURATIONS = {
     "base": (lambda d: {**DEMO_PROPS, **TOOLS}, None, dict(model="lmi-demo", tools=True)),
     "lora": (
         lambda d: {**DEMO_PROPS, "option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8"},
         _demo_adapters,
-        dict(model="lmi-demo", adapters=("hello-printer", "shouter"), upper_case_adapters=("shouter",)),
+        dict(model="lmi-demo", adapters=ADAPTERS, upper_case_adapters=("shouter",)),
+    ),
+    # more adapters in use than max_loras: one slot for three, few sequences, the fair scheduler on
+    "lora-over": (
+        lambda d: {**DEMO_PROPS, "option.enable_lora": "true", "option.max_loras": "1", "option.max_lora_rank": "8",
+                   "option.max_num_seqs": "4"},
+        _demo_adapters,
+        dict(model="lmi-demo", adapters=ADAPTERS, upper_case_adapters=("shouter",)),
+    ),
+    # vLLM's own scheduler and FIFO admission, many sequences
+    "lora-fifo": (
+        lambda d: {**DEMO_PROPS, "option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8",
+                   "option.max_num_seqs": "64", "option.admission_policy": "fifo", "option.tenant_prefill_step": "false"},
+        _demo_adapters,
+        dict(model="lmi-demo", adapters=ADAPTERS, upper_case_adapters=("shouter",)),
+    ),
+    # adapters beside LMCache's CPU and disk tiers (vLLM's prefix cache off: every hit is LMCache's)
+    "lora-lmcache": (
+        lambda d: {**DEMO_PROPS, "option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8",
+                   "option.enable_prefix_caching": "false", "option.lmcache_config_file": "lmcache.yaml"},
+        lambda d: (_demo_adapters(d), _lmcache_file(d, disk=True)),
+        dict(model="lmi-demo", adapters=ADAPTERS, upper_case_adapters=("shouter",)),
     ),
     "assistant-lora": (
         lambda d: {"option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "16",
@@ -115,7 +140,7 @@ def max_model_len(base_url: str, model: str, default: int) -> int:
     return default
 
 
-def run_configuration(name: str, seconds: float, seed: int, log, logs: Path) -> dict:
+def run_configuration(name: str, seconds: float, seed: int, log, logs: Path, min_batches: int = 0) -> dict:
     props_of, prepare, what = CONFIGURATIONS[name]
     model_dir = Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-"))
     started = time.monotonic()
@@ -129,8 +154,12 @@ def run_configuration(name: str, seconds: float, seed: int, log, logs: Path) -> 
             log(f"[{name}] ready after {start_s:.0f} s; fuzzing for {seconds:.0f} s")
             what = dict(what)
             what["max_model_len"] = max_model_len(server.base_url, what["model"], what.get("max_model_len", 4096))
-            stats = fuzz(Target(name, server.base_url, **what), seconds, seed=seed, shrink_seconds=min(600.0, seconds), log=log)
+            stats = fuzz(Target(name, server.base_url, **what), seconds, seed=seed, shrink_seconds=min(600.0, seconds), log=log,
+                         min_batches=min_batches)
             result = stats.as_json()
+            result["failed"] = stats.failed()
+            if stats.reproducer:
+                log(f"[{name}] smallest failing batch (BASE = {server.base_url!r}):\n{stats.reproducer_text()}")
             result["start_s"] = round(start_s, 1)
             alive = server.proc.poll() is None
         result["server_alive_at_end"] = alive
@@ -156,6 +185,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("LMI_FUZZ_SECONDS", "180")),
                         help="fuzzing time per configuration (default: LMI_FUZZ_SECONDS or 180)")
     parser.add_argument("--seed", type=int, default=int(os.environ.get("LMI_FUZZ_SEED", "0")))
+    parser.add_argument("--min-batches", type=int, default=int(os.environ.get("LMI_FUZZ_MIN_BATCHES", "20")),
+                        help="batches each configuration must run for its verdict (past the budget if need be; default 20)")
     parser.add_argument("--only", default="", help="comma-separated configurations (default: all): " + ", ".join(CONFIGURATIONS))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fuzz_valid.json")
     parser.add_argument("--logs", type=Path, default=None, help="where the servers' logs are kept (default: a new temporary folder)")
@@ -173,7 +204,7 @@ def main() -> int:
     began = time.monotonic()
     results = []
     for name in names:
-        result = run_configuration(name, args.seconds, args.seed, log, logs)
+        result = run_configuration(name, args.seconds, args.seed, log, logs, args.min_batches)
         summary = {k: result.get(k) for k in ("batches", "requests_sent", "combinations_tried", "engine_deaths",
                                               "server_errors_5xx", "hangs", "wrong_model", "start_failed", "error")}
         log(f"[{name}] {json.dumps(summary)}")
@@ -190,12 +221,18 @@ def _report(results: list[dict], args, began: float) -> dict:
     ran = [r for r in results if "start_failed" not in r and "error" not in r]
     totals = {key: sum(r.get(key, 0) for r in ran) for key in
               ("batches", "requests_sent", "combinations_tried", "engine_deaths", "server_errors_5xx", "hangs", "wrong_model")}
+    totals["harness_errors"] = sum(len(r.get("harness_errors") or []) for r in ran)
+    routes: dict[str, int] = {}
+    for r in ran:
+        for route, n in (r.get("requests_by_route") or {}).items():
+            routes[route] = routes.get(route, 0) + n
+    totals["requests_by_route"] = dict(sorted(routes.items()))
     totals["fuzzing_minutes"] = round(sum(r.get("seconds", 0) for r in ran) / 60, 1)
     totals["wall_minutes"] = round((time.monotonic() - began) / 60, 1)
     totals["configurations"] = len(results)
     totals["failed_configurations"] = [
         r["configuration"] for r in results
-        if "start_failed" in r or "error" in r or r.get("engine_deaths") or r.get("server_errors_5xx") or r.get("hangs") or r.get("wrong_model")
+        if "start_failed" in r or "error" in r or r.get("failed")
     ]
     return {
         "what": "concurrent fuzzer of valid requests (scripts/fuzz_valid.py): batches of 1, 2, 4, 8",

@@ -54,6 +54,7 @@ class Stats:
     requests: int = 0
     combinations: set[str] = field(default_factory=set)
     statuses: collections.Counter = field(default_factory=collections.Counter)
+    routes: collections.Counter = field(default_factory=collections.Counter)
     refusals: collections.Counter = field(default_factory=collections.Counter)
     engine_deaths: int = 0
     server_errors: int = 0
@@ -61,11 +62,26 @@ class Stats:
     wrong_model: int = 0
     failures: list[dict] = field(default_factory=list)
     smallest_failure: list[dict] | None = None
+    reproducer: list[dict] | None = None
+    """The smallest failing batch in full (bodies not shortened): what to send again."""
+    harness_errors: list[str] = field(default_factory=list)
+    """Exceptions of the fuzzer itself (a strategy, the runner): each fails the run."""
+    min_batches: int = 0
     stopped: str = "budget"
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def failed(self) -> bool:
-        return bool(self.engine_deaths or self.server_errors or self.hangs or self.wrong_model or self.failures)
+        return bool(self.engine_deaths or self.server_errors or self.hangs or self.wrong_model or self.failures
+                    or self.harness_errors or self.batches < self.min_batches or self.stopped.startswith("server gone"))
+
+    def reproducer_text(self) -> str:
+        """The smallest failing batch as a script to paste: its requests sent at once."""
+        if not self.reproducer:
+            return ""
+        return ("# sent at once (one thread each) to the server under test:\nimport httpx, json, concurrent.futures as f\n"
+                f"BATCH = json.loads({json.dumps(json.dumps(self.reproducer))})\n"
+                "def send(c):\n    return httpx.post(BASE + c['route'], json=c['body'], headers=c['headers'], timeout=300).status_code\n"
+                "print(list(f.ThreadPoolExecutor(len(BATCH)).map(send, BATCH)))\n")
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +90,7 @@ class Stats:
             "batches": self.batches,
             "requests_sent": self.requests,
             "combinations_tried": len(self.combinations),
+            "requests_by_route": dict(sorted(self.routes.items())),
             "engine_deaths": self.engine_deaths,
             "server_errors_5xx": self.server_errors,
             "hangs": self.hangs,
@@ -81,8 +98,11 @@ class Stats:
             "statuses": dict(sorted((str(k), v) for k, v in self.statuses.items())),
             "refusals": dict(self.refusals.most_common(15)),
             "stopped": self.stopped,
+            "min_batches": self.min_batches,
+            "harness_errors": self.harness_errors,
             "failures": self.failures,
             "smallest_failure": self.smallest_failure,
+            "reproducer": self.reproducer,
         }
 
 
@@ -127,6 +147,13 @@ def _json_objects(text: str) -> list[Any]:
 
 def _stream_error(obj: Any) -> int | None:
     """The status of an error object that ended a stream (OpenAI envelope or LMI's flat one)."""
+    if isinstance(obj, dict) and obj.get("type") == "response.failed":  # a Responses stream that failed
+        return 500
+    if isinstance(obj, dict) and obj.get("type") == "error" and "error" not in obj:  # a Responses error event
+        try:
+            return int(obj.get("code"))
+        except (TypeError, ValueError):
+            return 500
     if not isinstance(obj, dict) or "error" not in obj or "choices" in obj:
         if isinstance(obj, dict) and isinstance(obj.get("details"), dict) and obj["details"].get("finish_reason") == "error":
             return 500
@@ -157,6 +184,16 @@ def _texts(obj: Any, case: Case) -> list[str]:
                 text = choice.get("text") or (choice.get("message") or {}).get("content")
                 if isinstance(text, str) and "delta" not in choice:
                     out.append(text)
+        if item.get("object") == "response":  # Responses: the message items' output_text parts
+            out += [p.get("text") or "" for o in item.get("output") or [] if isinstance(o, dict) and o.get("type") == "message"
+                    for p in o.get("content") or [] if isinstance(p, dict) and p.get("type") == "output_text"]
+        if item.get("type") == "message" and isinstance(item.get("content"), list):  # Anthropic Messages
+            out += [b.get("text") or "" for b in item["content"] if isinstance(b, dict) and b.get("type") == "text"]
+    deltas = [item.get("delta") for item in items if isinstance(item, dict) and item.get("type") == "response.output_text.delta"]
+    deltas += [item["delta"].get("text") for item in items if isinstance(item, dict) and item.get("type") == "content_block_delta"
+               and isinstance(item.get("delta"), dict) and item["delta"].get("type") == "text_delta"]
+    if deltas:  # a Responses or Messages stream: the text it sent
+        out.append("".join(d for d in deltas if isinstance(d, str)))
     return out
 
 
@@ -284,6 +321,7 @@ class Runner:
             s.batches += 1
             s.requests += len(cases)
             s.combinations.update(c.signature() for c in cases)
+            s.routes.update(c.route for c in cases)
             s.engine_deaths += int(died)
             bad = []
             for o in outcomes:
@@ -305,6 +343,7 @@ class Runner:
                     s.failures.append(record)
                 if s.smallest_failure is None or len(cases) < len(s.smallest_failure):
                     s.smallest_failure = record["batch"]
+                    s.reproducer = [{"route": c.route, "body": c.body, "headers": c.headers} for c in cases]
 
 
 def calibrate(target: Target, http: httpx.Client) -> float:
@@ -318,17 +357,23 @@ def calibrate(target: Target, http: httpx.Client) -> float:
     return max(1.0, r.json()["usage"]["prompt_tokens"] / 20)
 
 
+class BatchFailed(AssertionError):
+    """A batch had a failure (recorded in the figures); hypothesis shrinks on it."""
+
+
 def fuzz(target: Target, seconds: float, *, seed: int = 0, request_timeout: float = 120.0, shrink_seconds: float = 300.0,
-         recovery_timeout: float = 300.0, log: Any = None) -> Stats:
-    """Batches of valid requests for `seconds`, then the figures. A failing batch is shrunk by
-    hypothesis for at most `shrink_seconds` more (its report then raised as AssertionError is
-    swallowed here: the figures carry every failure)."""
+         recovery_timeout: float = 300.0, log: Any = None, min_batches: int = 0) -> Stats:
+    """Batches of valid requests for `seconds` and at least `min_batches` (going on past the
+    budget, up to three times it plus a minute, until that many ran), then the figures. A failing batch is
+    shrunk by hypothesis for at most `shrink_seconds` more (its report, raised as BatchFailed, is
+    taken here: the figures carry every failure and the smallest batch as a reproducer). Any
+    other exception is the fuzzer's own: recorded as a harness error, which fails the run."""
     from dataclasses import replace
 
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as with_seed
 
-    stats = Stats(target.name)
+    stats = Stats(target.name, min_batches=min_batches)
     probe = httpx.Client(base_url=target.base_url, timeout=request_timeout)
     try:
         target = replace(target, tokens_per_unit=calibrate(target, probe))
@@ -347,16 +392,23 @@ def fuzz(target: Target, seconds: float, *, seed: int = 0, request_timeout: floa
         now = time.monotonic()
         if shrink_deadline and now > shrink_deadline[0]:
             raise BudgetSpent("shrink")
-        if not shrink_deadline and now > deadline:
+        if not shrink_deadline and now > deadline and (stats.batches >= min_batches or now > started + 3 * seconds + 60):
             raise BudgetSpent("budget")
-        outcomes = runner.run_batch(batch)
+        try:
+            outcomes = runner.run_batch(batch)
+        except Exception as exc:  # the fuzzer's own failure: recorded where it happens, hypothesis may still shrink it
+            import traceback
+
+            if len(stats.harness_errors) < MAX_FAILURES_KEPT:
+                stats.harness_errors.append("".join(traceback.format_exception(exc))[-3000:])
+            raise
         failed = [o for o in outcomes if o.problems]
         if log is not None and stats.batches % 25 == 0:
             log(f"[{target.name}] {stats.batches} batches, {stats.requests} requests, {time.monotonic() - started:.0f} s")
         if failed:
             if not shrink_deadline:
                 shrink_deadline.append(time.monotonic() + shrink_seconds)
-            raise AssertionError("; ".join(p for o in failed for p in o.problems)[:2000])
+            raise BatchFailed("; ".join(p for o in failed for p in o.problems)[:2000])
 
     try:
         runner.open_sessions()
@@ -365,7 +417,13 @@ def fuzz(target: Target, seconds: float, *, seed: int = 0, request_timeout: floa
         stats.stopped = str(exc)
     except ServerGone as exc:
         stats.stopped = f"server gone: {exc}"
-    except Exception as exc:  # noqa: BLE001 - hypothesis finished shrinking (or found the failure flaky)
+    except BatchFailed as exc:  # hypothesis finished shrinking: the figures hold the failures
+        stats.stopped = f"failure: {str(exc)[:500]}"
+    except Exception as exc:  # noqa: BLE001 - the fuzzer's own failure (or hypothesis' flaky verdict on ours)
+        import traceback
+
+        if not stats.failures and not stats.harness_errors:
+            stats.harness_errors.append("".join(traceback.format_exception(exc))[-3000:])
         stats.stopped = f"failure ({type(exc).__name__}): {str(exc)[:500]}"
     finally:
         runner.close()
@@ -377,4 +435,4 @@ def fuzz_figures(target: Target, seconds: float, **kwargs: Any) -> dict[str, Any
     """`fuzz`'s figures as plain data, with whether it failed: what a process running it for
     another (tests/e2e/test_concurrent_fuzz.py, one process per configuration) sends back."""
     stats = fuzz(target, seconds, **kwargs)
-    return {**stats.as_json(), "failed": stats.failed()}
+    return {**stats.as_json(), "failed": stats.failed(), "reproducer_script": stats.reproducer_text()}

@@ -342,6 +342,69 @@ def _draw_session(draw, case: Case) -> None:
         case.session_cycle = True
 
 
+def _naming_by_model_or_header(target: Target):
+    """Who answers a door whose body has no LMI `adapters` field (Anthropic Messages, tokenize)."""
+    return st.tuples(st.sampled_from(["model", "header", "none"]), st.sampled_from([None, *target.adapters]))
+
+
+@st.composite
+def responses_case(draw, target: Target) -> Case:
+    """OpenAI's Responses API (vLLM's handler): text or message input, streamed or not."""
+    stream = draw(st.booleans())
+    text = draw(prompt_text(target))
+    body: dict[str, Any] = {"input": draw(st.sampled_from([text, [{"role": "user", "content": text}]]))}
+    body.update(draw(st.fixed_dictionaries({}, optional={
+        "instructions": _words(max_size=10),
+        "temperature": st.sampled_from([0.0, 0.5, 1.0]),
+        "top_p": st.floats(min_value=0.1, max_value=1.0),
+        "store": st.booleans(),
+    })))
+    body["max_output_tokens"] = draw(near_limit_max_tokens(target, text))
+    if stream:
+        body["stream"] = True
+    _greedy_or_sampled(draw, target, body)
+    how, adapter = draw(_naming(target))
+    return _apply_naming(Case("/v1/responses", body), how, adapter, target, lmi=False)
+
+
+@st.composite
+def messages_case(draw, target: Target) -> Case:
+    """Anthropic's Messages API (vLLM's handler): system prompt, stop sequences, streamed or not."""
+    stream = draw(st.booleans())
+    text = draw(prompt_text(target))
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": text}]}
+    body.update(draw(st.fixed_dictionaries({}, optional={
+        "system": _words(max_size=10),
+        "temperature": st.sampled_from([0.0, 0.5, 1.0]),
+        "top_p": st.floats(min_value=0.1, max_value=1.0),
+        "top_k": st.sampled_from([1, 5, 50]),
+        "stop_sequences": st.lists(st.sampled_from(STOPS), min_size=1, max_size=2, unique=True),
+    })))
+    body["max_tokens"] = draw(near_limit_max_tokens(target, text))
+    if stream:
+        body["stream"] = True
+    _greedy_or_sampled(draw, target, body)
+    how, adapter = draw(_naming_by_model_or_header(target))
+    return _apply_naming(Case("/v1/messages", body), how, adapter, target, lmi=False)
+
+
+@st.composite
+def tokenize_case(draw, target: Target) -> Case:
+    """vLLM's /tokenize (a prompt or chat messages) and, on a generating model, /v1/embeddings
+    (refused with a 4xx: it is not a pooling model) beside the generations."""
+    text = draw(prompt_text(target))
+    if draw(st.integers(min_value=0, max_value=4)) == 0:
+        return Case("/v1/embeddings", {"model": target.model, "input": text})
+    body: dict[str, Any] = draw(st.sampled_from([{"prompt": text}, {"messages": [{"role": "user", "content": text}]}]))
+    if draw(st.booleans()):
+        body["add_special_tokens"] = draw(st.booleans())
+    how, adapter = draw(_naming_by_model_or_header(target))
+    case = _apply_naming(Case("/tokenize", body), how, adapter, target, lmi=False)
+    case.upper_case = False  # token ids, no text
+    case.expect_model = None
+    return case
+
+
 # ---------------------------------------------------------------------------- the embed kind
 
 
@@ -381,6 +444,7 @@ def case_strategy(target: Target) -> st.SearchStrategy[Case]:
         lmi_case(target), lmi_case(target),
         chat_case(target), chat_case(target, "/invocations"),
         completion_case(target), completion_case(target, "/invocations"),
+        responses_case(target), messages_case(target), tokenize_case(target),
     )
 
 
