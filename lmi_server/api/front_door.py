@@ -44,10 +44,11 @@ async def check_parts(request: Request, state: Any, parts: Iterable[tuple[str, s
 
 
 async def send(request: Request, result: Any, dump: Callable[[Any], Any], shape_stream: Any = None):
-    """A non-generating route's answer, through the output formatter as every answer."""
+    """A non-generating route's answer (tokens, a count, a stored response): no output formatter,
+    which is written for generated text (an adapter's formatter on /tokenize was a 424)."""
     return await respond(
         request, result, shape_json=lambda body: body, shape_stream=shape_stream or (lambda events: events),
-        kind="sse", headers=None, dump=dump,
+        kind="sse", headers=None, dump=dump, format_out=False,
     )
 
 

@@ -259,12 +259,14 @@ async def respond(
     wrap: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] = lambda body: body,
     dump: Callable[[Any], Any] = lambda value: value.model_dump(exclude_none=False),
     formatting: DoorFormatting | None = None,
+    format_out: bool = True,
 ) -> Response:
     """The one way out: vLLM's result -> output formatter (if any) -> the schema's shape ->
     response. `kind` is the stream's wire format ("sse" or "jsonl"); `wrap` sees the body last
-    (the admission ticket's first-token hook); `dump` turns a response object into JSON values."""
+    (the admission ticket's first-token hook); `dump` turns a response object into JSON values;
+    `format_out=False`: no output formatter (an answer that holds no generated text)."""
     ctx = request_context(request)
-    formatters = ctx.formatters
+    formatters = ctx.formatters if format_out else None
     media = "text/event-stream" if kind == "sse" else "application/jsonlines"
     if not (isinstance(result, AsyncIterator) or hasattr(result, "__aiter__")):
         value = result

@@ -551,3 +551,8 @@ def test_an_adapters_output_formatter_shapes_its_answer_on_every_front_door(lora
         assert s.status_code == 200
     streamed = "".join(e["delta"]["text"] for e in events if e.get("type") == "content_block_delta" and e["delta"].get("type") == "text_delta")
     assert streamed == expected
+    # answers without generated text are not the formatter's: tokens and counts come back as they are
+    r = post(lora, "/tokenize", {"model": "shouter", "prompt": question})
+    assert r.status_code == 200 and r.json()["count"] > 3, r.text
+    r = post(lora, "/v1/messages/count_tokens", {"model": "shouter", "messages": messages["messages"]})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 3, r.text

@@ -127,3 +127,9 @@ def test_an_exception_of_the_fuzzer_itself_fails_the_run(monkeypatch):
     monkeypatch.setattr(Runner, "run_batch", broken)
     stats = _patched_fuzz(monkeypatch, _Server())
     assert stats.failed() and stats.harness_errors and "the harness broke" in stats.harness_errors[0]
+
+
+def test_a_working_adapters_formatter_failing_on_a_valid_request_fails():
+    body = json.dumps({"error": {"message": "Custom formatter failed: output formatter of adapter 'shouter' failed"}})
+    assert judge(_case(route="/tokenize", adapter="shouter"), 424, body)[0]
+    assert not judge(_case(route="/tokenize"), 424, body)[0]  # the model's own script: not the fuzzed adapters'
