@@ -11,6 +11,9 @@ engine step applies. Per variant (one server each, side by side in one run):
   adapters_plain  as `adapters`, with option.tenant_prefill_step=false: vLLM's own scheduler,
              the probe's first prefill in the same step as the flood's decodes (the baseline of
              lmi_server/tenant_scheduler.py)
+  one_slot   as `adapters`, with option.max_loras=1: the flood's adapter and the probes' cannot
+             run side by side (the tenant scheduler's adapter slot for a newcomer)
+  one_slot_plain  as `one_slot`, with vLLM's own scheduler
 
 the embedded assistant (default model) with LoRA on and its example adapters runs
 `option.max_num_seqs=8`; first `--probes` solo probes on adapter Y spaced `--probe-every` s,
@@ -37,7 +40,7 @@ from benchmarks.common import RESULTS, RequestResult, Server, free_port, pct, st
 FLOOD_ADAPTER, PROBE_ADAPTER = "pirate", "shouter"
 KEYS = {"flood": "flood-key-0123456789", "probe": "probe-key-0123456789"}
 LORA = {"OPTION_ENABLE_LORA": "true", "OPTION_MAX_LORAS": "2", "OPTION_MAX_LORA_RANK": "8", "OPTION_CPU_KV_CACHE_SPACE": "1"}
-VARIANTS = ("adapters", "keys", "lmcache", "adapters_plain")
+VARIANTS = ("adapters", "keys", "lmcache", "adapters_plain", "one_slot", "one_slot_plain")
 SERIES = (
     "lmi_tenant_queue_depth", "lmi_tenant_requests_in_engine", "lmi_tenant_queue_wait_seconds_sum",
     "lmi_tenant_queue_wait_seconds_count", "lmi_usage_time_to_first_token_seconds_sum",
@@ -77,8 +80,10 @@ def server_env(variant: str, args, work: Path) -> dict[str, str]:
         env["OPTION_API_KEY_FILE"] = str(keys)
     if variant == "lmcache":
         env["OPTION_LMCACHE_AUTO_CONFIG"] = "true"
-    if variant == "adapters_plain":
+    if variant in ("adapters_plain", "one_slot_plain"):
         env["OPTION_TENANT_PREFILL_STEP"] = "false"
+    if variant.startswith("one_slot"):
+        env["OPTION_MAX_LORAS"] = "1"
     for option in args.option:
         key, _, value = option.partition("=")
         env["OPTION_" + key.removeprefix("option.").upper()] = value

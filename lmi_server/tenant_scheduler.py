@@ -17,7 +17,14 @@ step the running requests are not scheduled, so vLLM's check alone would let in 
 `max_loras` beside the running set, and the next step, which schedules everyone, breaks vLLM's
 `len(scheduled_loras) <= max_loras` (the engine dies). So a cleared step takes only newcomers
 whose adapters fit, counted with every running request's adapter (`fitting`), and none while
-requests holding KV blocks wait (vLLM drains those first, whatever their adapter). Token budget,
+requests holding KV blocks wait (vLLM drains those first, whatever their adapter).
+
+An adapter slot for a newcomer: with more busy adapters than `max_loras`, vLLM admits a waiting
+request only when its adapter fits, and a flood keeps its adapter running by its refills, so a
+newcomer on another adapter would wait for the whole flood. While a newcomer's adapter does not
+fit, the waiting requests of the running adapter with the fewest running requests are held back
+(`drained_adapter`): its running ones end, its slot frees, and the newcomer's adapter is admitted
+(in a cleared step, or by vLLM). The held requests keep their place in the queue. Token budget,
 encoder budget and slots stay vLLM's to enforce: the cleared step is vLLM's own `schedule`.
 
 Bounds: never two such steps in a row (however many tenants arrive, the running requests lose at
@@ -50,6 +57,8 @@ TENANT_ARG = "lmi_tenant"
 """The key of SamplingParams.extra_args (a body's `vllm_xargs`) that names a request's tenant."""
 CLEARED = "prefill step of its own for a tenant under its share"
 """The start of each cleared step's log line."""
+DRAINING = "adapter slot for a newcomer"
+"""The start of the log line when an adapter is drained for a newcomer's adapter."""
 WAITING_LOOKED_AT = 64
 """Waiting requests looked at per step: the server's admission keeps vLLM's queue short."""
 
@@ -108,6 +117,16 @@ def fitting(due: list[Any], running: list[Any], max_loras: int | None) -> list[A
     return found
 
 
+def drained_adapter(blocked: list[Any], running: list[Any]) -> int | None:
+    """The running adapter whose waiting requests wait for its running ones to end, while a
+    newcomer's adapter does not fit within max_loras (`blocked`): the one running the fewest
+    requests (the quickest to free its slot; lowest id on a tie). None: nothing blocked."""
+    if not any(lora_id(r) for r in blocked):
+        return None
+    counts = collections.Counter(lora_id(r) for r in running if lora_id(r))
+    return min(counts, key=lambda lora: (counts[lora], lora)) if counts else None
+
+
 class TenantPrefillScheduler(Scheduler):
     """vLLM's Scheduler (or AsyncScheduler, where vLLM runs asynchronous scheduling) that clears a
     step for the first prefill of a tenant under its share (see the module docstring)."""
@@ -124,19 +143,46 @@ class TenantPrefillScheduler(Scheduler):
         self.cleared_steps = 0
         """Steps cleared so far."""
         self._cleared_step = -1
+        self._drained: int | None = None  # the adapter last drained (for the log)
 
-    def _newcomers_due(self) -> list[Any]:
-        if not self.waiting or self._cleared_step == self.current_step or len(self.running) >= self.max_num_running_reqs:
-            return []  # nobody waits (most steps); never two cleared steps in a row; no slot for a newcomer
+    def _newcomers(self) -> tuple[list[Any], list[Any]]:
+        """(due, blocked): newcomers that get a cleared step, and newcomers whose adapter does not
+        fit beside the running ones (see `drained_adapter`)."""
+        if not self.waiting or len(self.running) >= self.max_num_running_reqs:
+            return [], []  # nobody waits (most steps); no slot for a newcomer
         if getattr(self, "kv_holding_waiting", None):
-            return []  # vLLM admits these first in any step, whatever their adapter
+            return [], []  # vLLM admits these first in any step, whatever their adapter
+        found = newcomers(self.waiting, self.running)
         max_loras = self.lora_config.max_loras if self.lora_config else None
-        return fitting(newcomers(self.waiting, self.running), self.running, max_loras)
+        due = fitting(found, self.running, max_loras)
+        blocked = [r for r in found if r not in due]
+        if self._cleared_step == self.current_step:
+            return [], blocked  # never two cleared steps in a row
+        return due, blocked
 
     def schedule(self, *args: Any, **kwargs: Any):
-        due = self._newcomers_due()
-        if not due:
+        due, blocked = self._newcomers()
+        if due:
+            return self._cleared(due, *args, **kwargs)
+        drained = drained_adapter(blocked, self.running)
+        held = [r for r in self.waiting if lora_id(r) == drained] if drained else []
+        if not held:
             return super().schedule(*args, **kwargs)
+        if drained != self._drained:
+            log.info("%s: adapter %d's waiting requests wait until its %d running ones end, so that a newcomer's adapter fits "
+                     "within max_loras", DRAINING, drained, sum(lora_id(r) == drained for r in self.running))
+        self._drained = drained
+        order = {id(r): i for i, r in enumerate(self.waiting)}
+        self.waiting.remove_requests(held)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            rest = list(self.waiting)  # what vLLM left (and put back: requests it preempted, in front)
+            self.waiting.remove_requests(rest)
+            for request in sorted(rest + held, key=lambda r: order.get(id(r), -1)):
+                self.waiting.add_request(request)
+
+    def _cleared(self, due: list[Any], *args: Any, **kwargs: Any):
         # schedule() advances current_step, then skips a running request while
         # current_step < next_decode_eligible_step: +2 skips the coming step alone.
         for request in self.running:

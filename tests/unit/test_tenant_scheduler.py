@@ -18,7 +18,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from lmi_server.tenant_scheduler import TENANT_ARG, TenantPrefillScheduler, fitting, lora_id, newcomers, tenant_of
+from lmi_server.tenant_scheduler import TENANT_ARG, TenantPrefillScheduler, drained_adapter, fitting, lora_id, newcomers, tenant_of
 
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
@@ -234,3 +234,27 @@ def test_fitting_counts_every_running_adapter():
     due = [SimpleNamespace(lora_request=LoRARequest(n, i, "/x")) for n, i in (("b", 2), ("a", 1), ("c", 3))]
     assert [r.lora_request.lora_int_id for r in fitting(due, running, 2)] == [2, 1]
     assert fitting(due, running, None) == due
+
+
+def test_a_newcomers_adapter_gets_a_slot_before_a_floods_refills(tmp_path):
+    """max_loras 1, a flood on adapter 1 that keeps refilling: the newcomer on adapter 2 runs once
+    the flood's running requests end, before its refills (which keep their order and run after)."""
+    s = lora_scheduler(tmp_path, max_loras=1)
+    for i in range(3):
+        s.add_request(request(f"a{i}", lora=1, max_tokens=4))
+    step(s)
+    s.add_request(request("b", lora=2, max_tokens=4))
+    for i in range(3, 6):
+        s.add_request(request(f"a{i}", lora=1, max_tokens=4))
+    steps = run_to_end(s, max_loras=1)
+    first = {rid: next(i for i, st in enumerate(steps) if rid in st) for rid in ("b", "a3", "a4", "a5")}
+    assert first["b"] < first["a3"] <= first["a4"] <= first["a5"]
+    assert drained_adapter([request("x", lora=2)], list(s.running)) is None  # nothing running: nothing to drain
+
+
+def test_the_drained_adapter_is_the_one_running_the_fewest():
+    running = [SimpleNamespace(lora_request=LoRARequest(n, i, "/x")) for n, i in (("a", 1), ("a", 1), ("c", 3))]
+    running.append(SimpleNamespace(lora_request=None))  # the base model holds no adapter slot
+    blocked = [SimpleNamespace(lora_request=LoRARequest("b", 2, "/x"))]
+    assert drained_adapter(blocked, running) == 3
+    assert drained_adapter([SimpleNamespace(lora_request=None)], running) is None  # the base model is never blocked
