@@ -76,8 +76,9 @@ def _with_mounted_cache_dir(cfg: ServingConfig) -> tuple[Any, Any]:
 
 def name_keys(plan: KVCachePlan, engine_args: dict[str, Any]) -> None:
     """Give the MP connector this server's KV namespace (`kvcache/namespace.py`): stored chunks
-    are found again only by a server whose model files, dtypes, chunk size and versions match."""
-    from lmi_server.kvcache.namespace import EXTRA_CONFIG_KEY, kv_identity
+    are found again only by a server whose model files, dtypes, KV-changing settings, chunk size and
+    versions match."""
+    from lmi_server.kvcache.namespace import EXTRA_CONFIG_KEY, kv_identity, kv_settings
 
     if plan.mode != "mp" or plan.kv_transfer_config is None or plan.tiers is None:
         return
@@ -90,11 +91,12 @@ def name_keys(plan: KVCachePlan, engine_args: dict[str, Any]) -> None:
         tensor_parallel=int(engine_args.get("tensor_parallel_size") or 1),
         pipeline_parallel=int(engine_args.get("pipeline_parallel_size") or 1),
         platform="cuda" if plan.tiers.transfer_mode == "lmcache_driven" else "cpu",
+        settings=kv_settings(engine_args),
     )
     namespace = identity.namespace()
     plan.kv_transfer_config["kv_connector_extra_config"][EXTRA_CONFIG_KEY] = namespace
     plan.reasons.append(
         f"KV keys in namespace {namespace} ({identity.describe()}): a cache directory or Redis shared with "
-        "another model, dtype, chunk size or LMCache/vLLM version never serves its chunks here; adapters are "
-        "kept apart by their cache salt"
+        "another model, dtype, quantization, config override, chunk size or LMCache/vLLM version never serves "
+        "its chunks here; adapters are kept apart by their cache salt"
     )
