@@ -13,7 +13,8 @@ such as RoPE scaling, a speculative draft's layers, ...); adapters are kept apar
 The model's identity is read from its files, not its path: config.json, and every weight file's
 name, size and first and last MiB (a changed checkpoint changes them; reading whole weights of
 a large model at every start would cost minutes). A hub id without a local directory is taken
-with its revision.
+with its revision: the commit the server resolved it to (`runtime/kv_plan.py` pins the engine to
+it), or the branch name when it could not be resolved.
 
 A setting of `KV_SETTINGS` enters the digest only when it is set (to something other than its
 default), so a server that sets none of them keeps the namespace, and the stored KV, it had before

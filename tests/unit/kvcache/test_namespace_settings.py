@@ -1,13 +1,17 @@
 """The KV namespace covers every setting that changes the bytes of a stored chunk (online
-quantization, config overrides such as RoPE scaling, a speculative draft's layers, ...): a change of one is another namespace, so no chunk is read across it; the same
+quantization, config overrides such as RoPE scaling, a hub model's commit, a speculative draft's
+layers, ...): a change of one is another namespace, so no chunk is read across it; the same
 setting written differently is the same namespace; and a server that sets none of them keeps the
 namespace it had before they were counted."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+import huggingface_hub
 import pytest
+from huggingface_hub import constants as hf_constants
 
 from lmi_server.config.schema import build_serving_config
 from lmi_server.kvcache.namespace import EXTRA_CONFIG_KEY, KV_SETTINGS, KVIdentity, kv_settings
@@ -18,6 +22,8 @@ TINY = {
     "num_key_value_heads": 2, "num_hidden_layers": 2, "max_position_embeddings": 2048, "torch_dtype": "float32",
     "vocab_size": 128, "intermediate_size": 128,
 }
+HUB = "org/some-model"
+SHA_A, SHA_B = "a" * 40, "b" * 40
 
 
 def model_dir(tmp_path, name="model", config=TINY, weights=b"w" * 64):
@@ -126,3 +132,62 @@ def test_a_speculative_draft_with_kv_layers_changes_the_namespace(tmp_path):
     assert kv_settings({"speculative_config": {**eagle, "model": str(draft), "num_speculative_tokens": 5}}) == with_draft
     ngram = namespace(d, **opts(speculative_method="ngram"))
     assert ngram == namespace(d)
+
+
+# ------------------------------------------------------------------ a hub model: its commit
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache; the hub answers nothing unless a test says so."""
+    cache = tmp_path / "hf"
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("VLLM_USE_MODELSCOPE", raising=False)
+
+    def unreachable(*args, **kwargs):
+        raise AssertionError("the hub is not asked here")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", unreachable)
+    return cache
+
+
+def cache_ref(cache, revision, sha):
+    ref = cache / "models--org--some-model" / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(sha)
+
+
+def test_a_hub_model_is_keyed_by_the_commit_of_its_revision(tmp_path, hf_cache):
+    d = model_dir(tmp_path)
+    cache_ref(hf_cache, "main", SHA_A)
+    run = runtime(d, **opts(model_id=HUB))
+    assert run.engine_args["revision"] == SHA_A  # the engine loads the commit the keys name
+    at_a = run.kv_plan.kv_transfer_config["kv_connector_extra_config"][EXTRA_CONFIG_KEY]
+    assert any(f"revision main is commit {SHA_A}" in r for r in run.kv_plan.reasons)
+    assert at_a == namespace(d, **opts(model_id=HUB, revision="main")) == namespace(d, **opts(model_id=HUB, revision=SHA_A))
+    cache_ref(hf_cache, "main", SHA_B)  # main moved: other weights, another namespace
+    assert namespace(d, **opts(model_id=HUB)) != at_a
+
+
+def test_serving_asks_the_hub_for_the_commit(tmp_path, hf_cache, monkeypatch):
+    d = model_dir(tmp_path)
+    asked = []
+
+    def repo_info(self, repo_id, *, revision=None, **kwargs):
+        asked.append((repo_id, revision))
+        return SimpleNamespace(sha=SHA_B)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", repo_info)
+    cache_ref(hf_cache, "v1", SHA_A)  # what an earlier download saw: the hub's answer wins
+    run = runtime(d, serving=True, **opts(model_id=HUB, revision="v1"))
+    assert asked == [(HUB, "v1")] and run.engine_args["revision"] == SHA_B
+    assert (hf_cache / "models--org--some-model" / "refs" / "v1").read_text() == SHA_B
+
+
+def test_an_unresolved_hub_revision_keys_the_revision_as_before(tmp_path, hf_cache):
+    d = model_dir(tmp_path)
+    run = runtime(d, **opts(model_id=HUB))
+    assert "revision" not in run.engine_args
+    assert any("revision main not resolved" in r for r in run.kv_plan.reasons)
+    cache_ref(hf_cache, "main", SHA_A)
+    assert namespace(d, **opts(model_id=HUB)) != run.kv_plan.kv_transfer_config["kv_connector_extra_config"][EXTRA_CONFIG_KEY]
