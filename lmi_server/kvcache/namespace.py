@@ -50,6 +50,8 @@ KV_SETTINGS: dict[str, str] = {
     "disable_sliding_window": "full attention where the model slides: deeper layers see more",
     "mamba_cache_dtype": "a hybrid model's state dtype",
     "mamba_ssm_cache_dtype": "a hybrid model's SSM state dtype",
+    "mm_processor_kwargs": "server-wide image/video processing: other embeddings behind the same media hash",
+    "media_io_kwargs": "server-wide media loading (frames sampled, ...): the same",
 }
 """Engine arguments, besides the model's files, dtypes, chunk size and parallel layout, that change
 the bytes of a stored chunk: each is in the digest when set (speculative drafts: `draft_identity`)."""

@@ -113,6 +113,7 @@ def test_rope_theta_override_changes_the_namespace(tmp_path):
     {"quantization_config": '{"activation_scheme": "dynamic"}'}, {"hf_config_path": "org/other-config"},
     {"code_revision": "v2"}, {"load_format": "dummy"}, {"kv_cache_dtype_skip_layers": '["0"]'},
     {"disable_sliding_window": "true"}, {"mamba_cache_dtype": "float16"}, {"mamba_ssm_cache_dtype": "float32"},
+    {"mm_processor_kwargs": '{"max_pixels": 200704}'}, {"media_io_kwargs": '{"video": {"num_frames": 8}}'},
 ])
 def test_every_other_kv_setting_changes_the_namespace(tmp_path, setting):
     assert set(setting) <= set(KV_SETTINGS)
