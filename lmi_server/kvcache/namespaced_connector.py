@@ -5,7 +5,8 @@ LMCache 0.5.6 keys a chunk by `model_name`, which its connector takes from vLLM'
 scheduler and worker adapters). When the transfer config carries a namespace
 (`kv_connector_extra_config["lmi.kv_namespace"]`, see `namespace.py`), the model path inside
 that name is replaced by the namespace: the disk tier's file names and the Redis keys then
-change with the model's files, dtype, KV dtype, chunk size and versions, so a cache that
+change with the model's files (a hub model's commit), dtype, KV dtype, KV-changing settings
+(quantization, config overrides, a draft's layers), chunk size and versions, so a cache that
 outlives the server is only ever read by a server that would have written the same bytes.
 Without the key the name is LMCache's own.
 """

@@ -1,7 +1,8 @@
 """Where a model comes from: a reference -> a local directory, for the model, a draft and an adapter.
 
 Local directories, hub ids and the built-in names are left as they are (vLLM and the demo
-builders handle them); `s3://bucket/prefix` and `s3://bucket/key.zip` are downloaded here, once,
+builders handle them; a hub id's revision is resolved to its commit by `hub.py` where the KV keys
+need it); `s3://bucket/prefix` and `s3://bucket/key.zip` are downloaded here, once,
 into the server's cache directory, because the engine, the draft checks and the adapter validation
 all need files on disk.
 

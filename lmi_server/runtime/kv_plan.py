@@ -11,8 +11,9 @@ from lmi_server.runtime.model_files import longest_sequence_kv_bytes, max_model_
 from lmi_server.runtime.model_files import model_config as read_model_config
 
 
-def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePlan:
-    """The LMCache plan (file, auto, or off); any problem is a start-up error naming the key."""
+def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any], *, contact_hub: bool = False) -> KVCachePlan:
+    """The LMCache plan (file, auto, or off); any problem is a start-up error naming the key.
+    `contact_hub` (serving): a hub model's revision is resolved on the hub (`name_keys`)."""
     from lmi_server.kvcache.host import GIB, CacheDirError, probe_host
     from lmi_server.kvcache.plan import KVCacheConfigError
     from lmi_server.kvcache.planner import EngineFacts
@@ -56,7 +57,7 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any]) -> KVCachePla
             f"cache directory {found}: a writable directory mounted at the conventional path (the Helm chart's "
             "kvCache volume); option.lmcache_cache_dir overrides it"
         )
-    name_keys(plan, engine_args)
+    name_keys(plan, engine_args, hub_model=cfg.model.source == "hub", contact_hub=contact_hub)
     return plan
 
 
@@ -74,13 +75,18 @@ def _with_mounted_cache_dir(cfg: ServingConfig) -> tuple[Any, Any]:
     return opts.model_copy(update={"lmcache_cache_dir": found}), found
 
 
-def name_keys(plan: KVCachePlan, engine_args: dict[str, Any]) -> None:
+def name_keys(
+    plan: KVCachePlan, engine_args: dict[str, Any], *, hub_model: bool = False, contact_hub: bool = False,
+) -> None:
     """Give the MP connector this server's KV namespace (`kvcache/namespace.py`): stored chunks
-    are found again only by a server whose model files, dtypes, chunk size and versions match."""
-    from lmi_server.kvcache.namespace import EXTRA_CONFIG_KEY, kv_identity
+    are found again only by a server whose model files (a hub model: its commit), dtypes, KV-changing
+    settings, chunk size and versions match."""
+    from lmi_server.kvcache.namespace import EXTRA_CONFIG_KEY, kv_identity, kv_settings
 
     if plan.mode != "mp" or plan.kv_transfer_config is None or plan.tiers is None:
         return
+    if hub_model:
+        pin_hub_commit(plan, engine_args, contact_hub=contact_hub)
     identity = kv_identity(
         str(engine_args["model"]),
         revision=engine_args.get("revision"),
@@ -90,11 +96,38 @@ def name_keys(plan: KVCachePlan, engine_args: dict[str, Any]) -> None:
         tensor_parallel=int(engine_args.get("tensor_parallel_size") or 1),
         pipeline_parallel=int(engine_args.get("pipeline_parallel_size") or 1),
         platform="cuda" if plan.tiers.transfer_mode == "lmcache_driven" else "cpu",
+        settings=kv_settings(engine_args),
     )
     namespace = identity.namespace()
     plan.kv_transfer_config["kv_connector_extra_config"][EXTRA_CONFIG_KEY] = namespace
     plan.reasons.append(
         f"KV keys in namespace {namespace} ({identity.describe()}): a cache directory or Redis shared with "
-        "another model, dtype, chunk size or LMCache/vLLM version never serves its chunks here; adapters are "
-        "kept apart by their cache salt"
+        "another model or commit, dtype, quantization, config override, chunk size or LMCache/vLLM version "
+        "never serves its chunks here; adapters are kept apart by their cache salt"
     )
+
+
+def pin_hub_commit(plan: KVCachePlan, engine_args: dict[str, Any], *, contact_hub: bool) -> None:
+    """A hub model's revision resolved to a commit (`model_source/hub.py`) and the engine pinned to
+    it (`revision`), so that the KV keys name the weights loaded, not a branch that moves (a local
+    directory is named by its files). Unresolved (hub not asked or unreachable, not in the local
+    cache): the revision as given, said in the plan."""
+    from lmi_server.model_source.hub import hub_commit
+
+    model = str(engine_args["model"])
+    revision = engine_args.get("revision") or None  # None: the default branch, as the engine asks
+    given = revision or "main"
+    token = engine_args.get("hf_token")
+    commit = hub_commit(model, revision, contact_hub=contact_hub, token=token if isinstance(token, str) else None)
+    if commit is None:
+        plan.reasons.append(
+            f"hub model {model}: revision {given} not resolved to a commit (hub not asked or unreachable, "
+            "not in the local cache): KV keys name the revision, which may move"
+        )
+        return
+    engine_args["revision"] = commit
+    if commit != given:
+        plan.reasons.append(
+            f"hub model {model}: revision {given} is commit {commit}; the engine loads that commit, "
+            "and the KV keys name it"
+        )

@@ -57,13 +57,14 @@ def resolve_runtime(cfg: ServingConfig, *, build_demo: bool) -> Runtime:
     env = engine_environment(cfg, notes=notes)
     # A file-configured LMCache CPU tier is known before the engine's KV size; the auto plan
     # instead sizes its tier from what the engine's KV leaves.
-    kv_plan = plan_kv_cache(cfg, engine_args) if cfg.lmcache.lmcache_config_file is not None else None
+    file_plan = cfg.lmcache.lmcache_config_file is not None
+    kv_plan = plan_kv_cache(cfg, engine_args, contact_hub=build_demo) if file_plan else None
     l1_bytes = kv_plan.tiers.l1_bytes if kv_plan is not None and kv_plan.tiers is not None else 0
     memory = default_engine_memory(cfg, engine_args, env, lmcache_cpu_bytes=l1_bytes)
     if memory is not None:
         engine_args["kv_cache_memory_bytes"] = memory.kv_cache_bytes
     if kv_plan is None:
-        kv_plan = plan_kv_cache(cfg, engine_args)
+        kv_plan = plan_kv_cache(cfg, engine_args, contact_hub=build_demo)
     _, model_config = read_model_config(str(engine_args["model"]))
     cpu_scheduler_defaults(engine_args, model_config, notes)
     preflight_checks(engine_args, model_config, kv_plan)
