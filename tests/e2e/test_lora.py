@@ -556,3 +556,21 @@ def test_an_adapters_output_formatter_shapes_its_answer_on_every_front_door(lora
     assert r.status_code == 200 and r.json()["count"] > 3, r.text
     r = post(lora, "/v1/messages/count_tokens", {"model": "shouter", "messages": messages["messages"]})
     assert r.status_code == 200 and r.json()["input_tokens"] > 3, r.text
+
+
+def test_the_base_model_beside_adapter_requests_answers_as_alone(lora):
+    """vLLM's CPU LoRA ops applied the adapter in the last slot to base-model tokens in an engine
+    step beside adapter requests (index -1 read as the last slot): lmi_server/lora_cpu.py."""
+    body = {"model": "lmi-demo", "prompt": "import os", "max_tokens": 24, "temperature": 0}
+    alone = post(lora, "/v1/completions", body)
+    assert alone.status_code == 200, alone.text
+    busy_body = {**body, "max_tokens": 160, "ignore_eos": True}
+    with ThreadPoolExecutor(4) as pool:
+        busy = [pool.submit(post, lora, "/v1/completions", {**busy_body, "model": name})
+                for name in ("hello-printer", "shouter", "hello-printer", "shouter")]
+        time.sleep(1.0)  # the adapters' requests decode when the base model's arrives
+        beside = post(lora, "/v1/completions", body)
+        assert all(not f.done() for f in busy[:1]), "the adapter requests ended before the base model's request"
+        assert all(f.result().status_code == 200 for f in busy)
+    assert beside.status_code == 200, beside.text
+    assert beside.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
