@@ -64,6 +64,8 @@ def _demo_dir() -> str:
 
 
 ADAPTERS = ("hello-printer", "shouter", "hello-copy")
+ROUTES = frozenset({"/invocations", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/tokenize"})
+"""Every door of a generating model: a configuration's run goes on until each was sent."""
 # name -> (properties, files to prepare in the model directory, what the fuzzer may send)
 CONFIGURATIONS = {
     "base": (lambda d: {**DEMO_PROPS, **TOOLS}, None, dict(model="lmi-demo", tools=True)),
@@ -155,7 +157,7 @@ def run_configuration(name: str, seconds: float, seed: int, log, logs: Path, min
             what = dict(what)
             what["max_model_len"] = max_model_len(server.base_url, what["model"], what.get("max_model_len", 4096))
             stats = fuzz(Target(name, server.base_url, **what), seconds, seed=seed, shrink_seconds=min(600.0, seconds), log=log,
-                         min_batches=min_batches)
+                         min_batches=min_batches, routes=ROUTES if what.get("kind", "generate") == "generate" else frozenset())
             result = stats.as_json()
             result["failed"] = stats.failed()
             if stats.reproducer:

@@ -40,7 +40,7 @@ def figures(server, lora):
     ]
     with ProcessPoolExecutor(len(targets), mp_context=multiprocessing.get_context("spawn")) as pool:
         runs = [pool.submit(fuzz_figures, t, SECONDS, seed=SEED, shrink_seconds=min(300.0, SECONDS * 2),
-                            min_batches=MIN_BATCHES) for t in targets]
+                            min_batches=MIN_BATCHES, routes=frozenset(ROUTES)) for t in targets]
         return {t.name: run.result() for t, run in zip(targets, runs)}
 
 

@@ -67,12 +67,18 @@ class Stats:
     harness_errors: list[str] = field(default_factory=list)
     """Exceptions of the fuzzer itself (a strategy, the runner): each fails the run."""
     min_batches: int = 0
+    required_routes: frozenset = frozenset()
+    """Routes that must each have been sent at least once for a verdict."""
     stopped: str = "budget"
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def failed(self) -> bool:
         return bool(self.engine_deaths or self.server_errors or self.hangs or self.wrong_model or self.failures
-                    or self.harness_errors or self.batches < self.min_batches or self.stopped.startswith("server gone"))
+                    or self.harness_errors or not self.enough() or self.stopped.startswith("server gone"))
+
+    def enough(self) -> bool:
+        """Enough batches, and every required route sent: the run may judge."""
+        return self.batches >= self.min_batches and set(self.routes) >= self.required_routes
 
     def reproducer_text(self) -> str:
         """The smallest failing batch as a script to paste: its requests sent at once."""
@@ -99,6 +105,7 @@ class Stats:
             "refusals": dict(self.refusals.most_common(15)),
             "stopped": self.stopped,
             "min_batches": self.min_batches,
+            "routes_never_sent": sorted(self.required_routes - set(self.routes)),
             "harness_errors": self.harness_errors,
             "failures": self.failures,
             "smallest_failure": self.smallest_failure,
@@ -365,10 +372,12 @@ class BatchFailed(AssertionError):
 
 
 def fuzz(target: Target, seconds: float, *, seed: int = 0, request_timeout: float = 120.0, shrink_seconds: float = 300.0,
-         recovery_timeout: float = 300.0, log: Any = None, min_batches: int = 0) -> Stats:
+         recovery_timeout: float = 300.0, log: Any = None, min_batches: int = 0,
+         routes: frozenset[str] = frozenset()) -> Stats:
     """Batches of valid requests for `seconds` and at least `min_batches` (going on past the
-    budget, up to three times it plus a minute, until that many ran), then the figures. A failing batch is
-    shrunk by hypothesis for at most `shrink_seconds` more (its report, raised as BatchFailed, is
+    budget, up to three times it plus a minute, until that many ran), then the figures.
+    `routes`: the run also goes on (within the same bound) until each of them was sent at least
+    once, and fails if one never was. A failing batch is shrunk by hypothesis for at most `shrink_seconds` more (its report, raised as BatchFailed, is
     taken here: the figures carry every failure and the smallest batch as a reproducer). Any
     other exception is the fuzzer's own: recorded as a harness error, which fails the run."""
     from dataclasses import replace
@@ -376,7 +385,7 @@ def fuzz(target: Target, seconds: float, *, seed: int = 0, request_timeout: floa
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as with_seed
 
-    stats = Stats(target.name, min_batches=min_batches)
+    stats = Stats(target.name, min_batches=min_batches, required_routes=frozenset(routes))
     probe = httpx.Client(base_url=target.base_url, timeout=request_timeout)
     try:
         target = replace(target, tokens_per_unit=calibrate(target, probe))
@@ -395,7 +404,7 @@ def fuzz(target: Target, seconds: float, *, seed: int = 0, request_timeout: floa
         now = time.monotonic()
         if shrink_deadline and now > shrink_deadline[0]:
             raise BudgetSpent("shrink")
-        if not shrink_deadline and now > deadline and (stats.batches >= min_batches or now > started + 3 * seconds + 60):
+        if not shrink_deadline and now > deadline and (stats.enough() or now > started + 3 * seconds + 60):
             raise BudgetSpent("budget")
         try:
             outcomes = runner.run_batch(batch)

@@ -133,3 +133,10 @@ def test_a_working_adapters_formatter_failing_on_a_valid_request_fails():
     body = json.dumps({"error": {"message": "Custom formatter failed: output formatter of adapter 'shouter' failed"}})
     assert judge(_case(route="/tokenize", adapter="shouter"), 424, body)[0]
     assert not judge(_case(route="/tokenize"), 424, body)[0]  # the model's own script: not the fuzzed adapters'
+
+
+def test_a_run_goes_on_until_every_required_route_was_sent(monkeypatch):
+    routes = frozenset({"/invocations", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/tokenize"})
+    stats = _patched_fuzz(monkeypatch, _Server(), seconds=0.01, routes=routes)
+    assert set(stats.routes) >= routes and not stats.failed()
+    assert stats.as_json()["routes_never_sent"] == []
