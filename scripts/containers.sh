@@ -76,7 +76,9 @@ bookworm_base() {
     command -v debootstrap >/dev/null || { log "debootstrap not found: apt-get install debootstrap"; exit 2; }
     local mirror="${LMI_DEBIAN_MIRROR:-}"
     if [ -z "$mirror" ]; then
-        mirror="$(grep -hoE 'https?://[^ ]+/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | head -1 || true)"
+        # apt's own mirror: a one-line "deb URL" or a deb822 "URIs: URL", never a commented line.
+        mirror="$(grep -hE '^[[:space:]]*(deb[[:space:]]|URIs:)' /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
+            | grep -oE 'https?://[^ ]+/debian/?([[:space:]]|$)' | head -1 | tr -d '[:space:]' || true)"
         mirror="${mirror:-http://deb.debian.org/debian}"
     fi
     local dir; dir="$(mktemp -d)"
