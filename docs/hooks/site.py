@@ -1,0 +1,25 @@
+"""mkdocs hook: the pages and files the site is built from beside docs/'s own.
+
+- `reference.md`, the configuration reference, generated from the config model at every build
+  (`lmi_server/config/reference_page.py`), so it cannot drift from the code;
+- the benchmark figures, `benchmarks/results/*.png`, served from where the benchmarks write them,
+  so a page links `benchmarks/results/NAME.png` and a missing figure fails the strict build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mkdocs.structure.files import File, Files
+
+from lmi_server.config.reference_page import PAGE_PATH, reference_page
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = "benchmarks/results"
+
+
+def on_files(files: Files, config) -> Files:
+    files.append(File.generated(config, PAGE_PATH, content=reference_page()))
+    for png in sorted((ROOT / FIGURES).glob("*.png")):
+        files.append(File(f"{FIGURES}/{png.name}", str(ROOT), config["site_dir"], config["use_directory_urls"]))
+    return files
