@@ -8,13 +8,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from mkdocs.structure.files import File, Files
 
-from lmi_server.config.reference_page import PAGE_PATH, reference_page
-
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # this tree's code, whichever checkout the environment was installed from
+    sys.path.insert(0, str(ROOT))
+
+from lmi_server.config.reference_page import PAGE_PATH, reference_page  # noqa: E402
 FIGURES = "benchmarks/results"
 
 

@@ -16,7 +16,10 @@ from lmi_server.config.options import SECTIONS
 from lmi_server.config.reference import _type_name, lmi_keys_markdown
 
 PAGE_PATH = "reference.md"
-_RESERVED = {"kv_transfer_config": "set by the server itself from the `option.lmcache_*` keys, except for connectors other than LMCache's"}
+_RESERVED = {
+    "kv_transfer_config": "set by the server itself from the `option.lmcache_*` keys, except for connectors other "
+    "than LMCache's",
+}
 _DEFAULTS = {"max_loras": f"vLLM's; `{LMI_DEFAULT_MAX_LORAS}` with `option.enable_lora=true` (LMI's)"}
 
 
@@ -62,7 +65,8 @@ def _own_tables(names: dict[str, list[str]]) -> list[str]:
         lines += ["| key | type | default | LMI name | description |", "|---|---|---|---|---|"]
         for name, info in model.model_fields.items():
             default = "none" if info.default is None else f"`{info.default}`"
-            cells = [f"`option.{name}`", _type_name(info.annotation), default, _names_cell(name, names), info.description or ""]
+            cells = [f"`option.{name}`", _type_name(info.annotation), default, _names_cell(name, names),
+                     info.description or ""]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
     return lines
