@@ -10,7 +10,7 @@ PORT   ?= 8080
 # cpu or gpu; detected from the host unless given.
 FLAVOUR ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 
-.PHONY: setup serve docs test unit e2e fuzz cluster cluster-down clean-venv images image-cpu image-gpu test-images gpu-image-record
+.PHONY: setup serve docs sagemaker-client test unit e2e fuzz cluster cluster-down clean-venv images image-cpu image-gpu test-images gpu-image-record
 
 setup: $(STAMP)
 
@@ -48,7 +48,20 @@ serve: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-test: setup docs
+# SageMaker's Python SDK (v2, local mode) as a test client, in a virtual environment of its own: it pins
+# packages the server's environment cannot share (tests/e2e/test_containers.py, tests/support/sagemaker_local.py).
+SM_VENV  := .venv-sagemaker
+SM_STAMP := $(SM_VENV)/.lmi-stamp
+SAGEMAKER_SDK := sagemaker==2.257.7
+
+sagemaker-client: $(SM_STAMP)
+
+$(SM_STAMP): Makefile
+	@test -x $(SM_VENV)/bin/python || $(PYTHON) -m venv $(SM_VENV)
+	$(SM_VENV)/bin/python -m pip install --quiet "$(SAGEMAKER_SDK)"
+	@touch $(SM_STAMP)
+
+test: setup docs sagemaker-client
 	$(PY) -m pytest tests
 
 unit: setup
