@@ -57,14 +57,30 @@ def archive(model_dir: Path, out: Path) -> Path:
     return out
 
 
+SDK_CONFIG = """SchemaVersion: '1.0'
+SageMaker:
+  PythonSDK:
+    Modules:
+      TelemetryOptOut: true
+"""
+
+
 def main() -> int:
     image, model_dir, port, work = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    # No telemetry from the SDK (its defaults file, as a user opts out).
+    (work / "sdk-config.yaml").write_text(SDK_CONFIG)
+    os.environ["SAGEMAKER_USER_CONFIG_OVERRIDE"] = str(work / "sdk-config.yaml")
+    if os.environ.get("LMI_SAGEMAKER_DUMP_AFTER_S"):  # a hung run shows where it hangs
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["LMI_SAGEMAKER_DUMP_AFTER_S"]), exit=True)
     compose_on_host_network(Path(tempfile.mkdtemp(prefix="sm-bin-")))
 
     from sagemaker.deserializers import JSONDeserializer
     from sagemaker.local import LocalSession
     from sagemaker.model import Model
+    from sagemaker.predictor import Predictor
     from sagemaker.serializers import JSONSerializer
 
     session = LocalSession()
@@ -75,6 +91,7 @@ def main() -> int:
         role="arn:aws:iam::111111111111:role/local-mode",
         env={"SAGEMAKER_BIND_TO_PORT": str(port), "OPTION_MAX_MODEL_LEN": "1024"},
         sagemaker_session=session,
+        predictor_cls=Predictor,
     )
     out: dict = {}
     t0 = time.monotonic()
@@ -109,5 +126,24 @@ def main() -> int:
     return 0
 
 
+def remove_containers(image: str) -> None:
+    """After a failure: the SDK's compose thread would keep the process (and the container) alive."""
+    import subprocess
+
+    ids = subprocess.run(["docker", "ps", "-q", "--filter", f"ancestor={image}"], capture_output=True, text=True).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        remove_containers(sys.argv[1])
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
