@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from lmi_server import engine_launcher, response_store, startup_failure, weights_check
+from lmi_server import engine_launcher, response_store, safe_ports, sagemaker_caches, startup_failure, weights_check
 from lmi_server.config import host
 from lmi_server.config.model_kind import check_engine_kind
-from lmi_server.config.schema import ServingConfig
+from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.cpu_preload import plan_preload
 from lmi_server.engine_errors import ErrorReports
 from lmi_server.host_requirements import vllm_build
@@ -65,6 +65,11 @@ def engine_environment(
     if cfg.server.cpu_kv_cache_space is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.server.cpu_kv_cache_space)
     env.setdefault("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))
+    env.update(sagemaker_caches.cache_environment())  # on SageMaker: caches on /tmp (NVMe)
+    try:
+        env.update(safe_ports.vllm_env())  # SAGEMAKER_SAFE_PORT_RANGE: vLLM's ports from the range
+    except safe_ports.PortRangeError as exc:
+        raise ConfigError([str(exc)]) from None
     return env
 
 
