@@ -35,11 +35,12 @@ KV_CACHE_DIR = NVME_ROOT / "lmcache"
 """The LMCache disk tier's directory on SageMaker, LMI's path."""
 
 
-def nvme_usable(root: Path = NVME_ROOT) -> bool:
+def nvme_usable(root: Path | None = None) -> bool:
+    root = NVME_ROOT if root is None else root
     return root.is_dir() and os.access(root, os.W_OK | os.X_OK)
 
 
-def cache_environment(env: MutableMapping[str, str] | None = None, *, root: Path = NVME_ROOT) -> dict[str, str]:
+def cache_environment(env: MutableMapping[str, str] | None = None, *, root: Path | None = None) -> dict[str, str]:
     """The cache variables to set: on SageMaker with a writable /tmp, each of `CACHE_ENV` the
     environment does not set yet; {} elsewhere."""
     env = os.environ if env is None else env
@@ -48,7 +49,7 @@ def cache_environment(env: MutableMapping[str, str] | None = None, *, root: Path
     return {key: value for key, value in CACHE_ENV.items() if not env.get(key, "").strip()}
 
 
-def apply(env: MutableMapping[str, str] | None = None, *, root: Path = NVME_ROOT) -> dict[str, str]:
+def apply(env: MutableMapping[str, str] | None = None, *, root: Path | None = None) -> dict[str, str]:
     """Set the cache defaults in the process environment (before anything reads them: Hugging
     Face's constants are read at import); the children inherit them. Returns what was set."""
     env = os.environ if env is None else env
@@ -57,16 +58,17 @@ def apply(env: MutableMapping[str, str] | None = None, *, root: Path = NVME_ROOT
     if chosen:
         log.info(
             "SageMaker (%s): caches on the instance volume at %s: %s",
-            why(env), root, ", ".join(f"{k}={v}" for k, v in sorted(chosen.items())),
+            why(env), NVME_ROOT if root is None else root, ", ".join(f"{k}={v}" for k, v in sorted(chosen.items())),
         )
     elif on_sagemaker(env) and not nvme_usable(root):
-        log.warning("SageMaker (%s): %s is not writable; caches stay where their defaults are", why(env), root)
+        log.warning("SageMaker (%s): %s is not writable; caches stay where their defaults are", why(env), NVME_ROOT)
     return chosen
 
 
-def kv_cache_dir(env: MutableMapping[str, str] | None = None, *, root: Path = NVME_ROOT) -> Path | None:
+def kv_cache_dir(env: MutableMapping[str, str] | None = None, *, root: Path | None = None) -> Path | None:
     """/tmp/lmcache on SageMaker when /tmp is writable (created here), else None."""
     env = os.environ if env is None else env
+    root = NVME_ROOT if root is None else root
     if not on_sagemaker(env) or not nvme_usable(root):
         return None
     path = root / KV_CACHE_DIR.name
