@@ -2,10 +2,11 @@
 
 SageMaker names them in `SAGEMAKER_SAFE_PORT_RANGE` ("low-high", inclusive): a container that
 listens elsewhere can collide with the platform's own agents or with another container of an
-inference pipeline. When the variable is set, every extra listener comes from it: the LMCache
-server's ports (`free_local_ports`) and vLLM's own (torch.distributed's store, its workers'
-ports: vLLM starts its search at `VLLM_PORT`, which `vllm_env` points into the range). Unset,
-the OS picks free ports as before. Imports nothing of the server's.
+inference pipeline. When the variable is set, every extra listener comes from it (`parts`): the
+LMCache server's ports (`free_local_ports`), vLLM's own (torch.distributed's store, its workers'
+ports: vLLM starts its search at `VLLM_PORT`, which `vllm_env` points into the range), and the
+ports the kernel would pick in the engine's processes (`bind_shim`). Unset, the OS picks free
+ports as before. Imports nothing of the server's.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ import socket
 from collections.abc import Mapping
 
 VARIABLE = "SAGEMAKER_SAFE_PORT_RANGE"
-VLLM_SHARE = 0.5
-"""The upper part of the range that vLLM's upward search starts in (from its middle); the lower
-part is where this server picks the LMCache server's ports, so the two never race for one port."""
 
 
 class PortRangeError(ValueError):
@@ -76,20 +74,28 @@ def free_local_ports(count: int, *, taken: tuple[int, ...] = (), env: Mapping[st
     return ports
 
 
-def own_part(bounds: tuple[int, int]) -> tuple[int, int]:
-    """The part of the range this server picks its own listeners' ports from (the lower half; a
-    range of one port is all this server's)."""
+def parts(bounds: tuple[int, int]) -> dict[str, tuple[int, int]]:
+    """The range split by who takes ports from it, so that no two race for one port: "own" (the
+    lower quarter: this server's picks, the LMCache server's ports), "vllm" (the next quarter:
+    vLLM's upward search from VLLM_PORT), "kernel" (the upper half: binds to port 0 in the engine's
+    processes, torch gloo's listeners, through `bind_shim`). A range of under 4 ports is shared."""
     low, high = bounds
-    split = low + int((high - low + 1) * VLLM_SHARE)
-    return (low, max(low, split - 1))
+    quarter = (high - low + 1) // 4
+    if quarter == 0:
+        return {"own": bounds, "vllm": bounds, "kernel": bounds}
+    return {"own": (low, low + quarter - 1), "vllm": (low + quarter, low + 2 * quarter - 1), "kernel": (low + 2 * quarter, high)}
+
+
+def own_part(bounds: tuple[int, int]) -> tuple[int, int]:
+    """The part of the range this server picks its own listeners' ports from."""
+    return parts(bounds)["own"]
 
 
 def vllm_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`VLLM_PORT` at the start of the range's upper part, when a range is set and VLLM_PORT is not
-    (vLLM searches upward from it for every port it opens); {} otherwise."""
+    """`VLLM_PORT` at the start of vLLM's part of the range, when a range is set and VLLM_PORT is
+    not (vLLM searches upward from it for every port it opens); {} otherwise."""
     env = os.environ if env is None else env
     bounds = safe_port_range(env)
     if bounds is None or env.get("VLLM_PORT", "").strip():
         return {}
-    low, high = bounds
-    return {"VLLM_PORT": str(min(high, own_part(bounds)[1] + 1))}
+    return {"VLLM_PORT": str(parts(bounds)["vllm"][0])}

@@ -25,7 +25,6 @@ NVME_ROOT = Path("/tmp")
 CACHE_ENV = {
     "SERVING_DOWNLOAD_DIR": "/tmp/lmi_server/download",  # s3:// models and adapters (model_source)
     "HF_HOME": "/tmp/.cache/huggingface",  # hub models, as LMI's images set it
-    "XDG_CACHE_HOME": "/tmp/.cache",
     "PYTORCH_KERNEL_CACHE_PATH": "/tmp/.cache",  # as LMI's images set it
     "TORCHINDUCTOR_CACHE_DIR": "/tmp/.cache/torchinductor",
     "TRITON_CACHE_DIR": "/tmp/.cache/triton",

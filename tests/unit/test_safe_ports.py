@@ -50,7 +50,7 @@ def test_own_ports_come_from_the_lower_half_and_vllm_from_the_upper():
 
 
 def test_a_busy_port_is_skipped_and_a_full_range_is_an_error():
-    low, high = _range_with_free_ports(4)
+    low, high = _range_with_free_ports(3)  # under 4 ports: all of it is "own"
     env = {safe_ports.VARIABLE: f"{low}-{high}"}
     with socket.socket() as busy:
         busy.bind(("", low))
@@ -87,3 +87,64 @@ def test_vllm_port_is_in_the_engine_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(safe_ports.VARIABLE, "nonsense")
     with pytest.raises(ConfigError, match="SAGEMAKER_SAFE_PORT_RANGE"):
         engine.engine_environment(cfg, gpus=0)
+
+
+def test_the_range_is_split_so_no_two_takers_race():
+    p = safe_ports.parts((10000, 10999))
+    assert p == {"own": (10000, 10249), "vllm": (10250, 10499), "kernel": (10500, 10999)}
+    assert safe_ports.parts((7000, 7002)) == {"own": (7000, 7002), "vllm": (7000, 7002), "kernel": (7000, 7002)}
+
+
+PROBE = """
+import socket, sys
+out = []
+for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.bind((host, 0)); s.listen(); out.append(s.getsockname()[1])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0)); out.append(u.getsockname()[1])
+e = socket.socket(); e.bind(("127.0.0.1", int(sys.argv[1]))); out.append(e.getsockname()[1])
+print(" ".join(map(str, out)))
+"""
+
+
+def test_the_bind_shim_takes_port_zero_binds_into_the_range(tmp_path):
+    """A real child process with the shim preloaded: TCP binds to port 0 (IPv4, IPv6) land in the
+    range; UDP and explicit ports are left alone."""
+    import subprocess
+    import sys
+
+    from lmi_server import bind_shim
+
+    lib, how = bind_shim.build(tmp_path)
+    if lib is None:
+        pytest.skip(how)
+    low, high = _range_with_free_ports()
+    explicit = safe_ports.free_local_ports(1, env={})[0]
+    env = {"LD_PRELOAD": str(lib), bind_shim.RANGE_ENV: f"{low}-{high}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", PROBE, str(explicit)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    v4, v6, udp, fixed = map(int, out.stdout.split())
+    assert low <= v4 <= high and low <= v6 <= high
+    assert fixed == explicit and not (low <= udp <= high and udp == v4)
+    again, how_again = bind_shim.build(tmp_path)
+    assert again == lib and "built before" in how_again
+
+
+def test_engine_environment_preloads_the_shim_after_the_users_preload(tmp_path, monkeypatch):
+    from lmi_server import bind_shim
+
+    monkeypatch.setattr(bind_shim, "_cache_dir", lambda: tmp_path)
+    low, high = _range_with_free_ports()
+    monkeypatch.setenv(safe_ports.VARIABLE, f"{low}-{high}")
+    monkeypatch.setenv("LMI_CPU_PRELOAD", "0")
+    monkeypatch.setenv("LD_PRELOAD", "/opt/mine.so")
+    notes: list[str] = []
+    cfg = build_serving_config({}, model_dir(tmp_path))
+    env = engine.engine_environment(cfg, gpus=0, notes=notes)
+    if "LD_PRELOAD" not in env:
+        pytest.skip(notes[-1])
+    first, shim = env["LD_PRELOAD"].split(":")
+    assert first == "/opt/mine.so" and "lmi_bind_range_" in shim
+    kernel_low, kernel_high = safe_ports.parts((low, high))["kernel"]
+    assert env[bind_shim.RANGE_ENV] == f"{kernel_low}-{kernel_high}"
+    assert any("kernel would pick" in n for n in notes)
