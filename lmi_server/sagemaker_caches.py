@@ -3,9 +3,9 @@
 Why: SageMaker puts an NVMe instance's instance storage at /tmp inside the container, while the
 root volume (where this image keeps `/opt/lmi_server/cache` and a user's home) is small. LMI keeps
 its caches on /tmp for that reason, and documents `/tmp/lmcache` with O_DIRECT as the LMCache disk
-tier for SageMaker. This module gives the same layout: model downloads (`SERVING_DOWNLOAD_DIR`,
-LMI's variable), Hugging Face's cache, and the compile caches (torch inductor, Triton, vLLM's own)
-default under /tmp, and the auto plan's disk tier defaults to /tmp/lmcache (`kv_cache_dir`).
+tier for SageMaker. This module gives the same layout: s3:// downloads (`download_dir`), Hugging Face's cache and
+the compile caches (torch inductor, Triton, vLLM's own) default under /tmp, and the auto plan's
+disk tier defaults to /tmp/lmcache (`kv_cache_dir`).
 A variable the user set wins; nothing is written to the model directory (/opt/ml/model, which
 SageMaker may mount read-only). Elsewhere nothing changes.
 """
@@ -23,13 +23,14 @@ log = logging.getLogger(__name__)
 
 NVME_ROOT = Path("/tmp")
 CACHE_ENV = {
-    "SERVING_DOWNLOAD_DIR": "/tmp/lmi_server/download",  # s3:// models and adapters (model_source)
     "HF_HOME": "/tmp/.cache/huggingface",  # hub models, as LMI's images set it
     "PYTORCH_KERNEL_CACHE_PATH": "/tmp/.cache",  # as LMI's images set it
     "TORCHINDUCTOR_CACHE_DIR": "/tmp/.cache/torchinductor",
     "TRITON_CACHE_DIR": "/tmp/.cache/triton",
     "VLLM_CACHE_ROOT": "/tmp/.cache/vllm",  # torch.compile artefacts and vLLM's other caches
 }
+DOWNLOAD_DIR = NVME_ROOT / "lmi_server" / "download"
+"""Where s3:// models and adapters are downloaded on SageMaker (`model_source.cache_root`)."""
 KV_CACHE_DIR = NVME_ROOT / "lmcache"
 """The LMCache disk tier's directory on SageMaker, LMI's path."""
 
@@ -77,3 +78,12 @@ def kv_cache_dir(env: MutableMapping[str, str] | None = None, *, root: Path | No
         log.warning("SageMaker: cannot create the LMCache disk tier directory %s: %s", path, exc)
         return None
     return path
+
+
+def download_dir(env: MutableMapping[str, str] | None = None, *, root: Path | None = None) -> Path | None:
+    """/tmp/lmi_server/download on SageMaker when /tmp is writable, else None."""
+    env = os.environ if env is None else env
+    root = NVME_ROOT if root is None else root
+    if not on_sagemaker(env) or not nvme_usable(root):
+        return None
+    return root / DOWNLOAD_DIR.relative_to(NVME_ROOT)

@@ -5,6 +5,8 @@ plan; a variable the user set wins; the model directory is left as it was. Elsew
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lmi_server import engine, sagemaker_caches
@@ -37,7 +39,7 @@ def test_sagemaker_is_recognised_by_its_environment(env, expected):
 def test_caches_move_to_tmp_on_sagemaker_only(tmp_path):
     assert sagemaker_caches.cache_environment({}, root=tmp_path) == {}
     chosen = sagemaker_caches.cache_environment(dict(SM), root=tmp_path)
-    assert set(chosen) >= {"SERVING_DOWNLOAD_DIR", "HF_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"}
+    assert set(chosen) >= {"HF_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"}
     assert all(v.startswith("/tmp/") for v in chosen.values())
     assert chosen["HF_HOME"] == "/tmp/.cache/huggingface"  # LMI's images' value
 
@@ -54,14 +56,19 @@ def test_nothing_moves_when_tmp_is_not_writable(tmp_path):
     assert sagemaker_caches.kv_cache_dir(dict(SM), root=tmp_path / "absent") is None
 
 
-def test_downloads_follow_the_sagemaker_default(tmp_path, monkeypatch):
+def test_downloads_go_to_tmp_on_sagemaker(tmp_path, monkeypatch):
     from lmi_server.model_source import cache_root
 
     monkeypatch.delenv("SERVING_DOWNLOAD_DIR", raising=False)
-    env = dict(SM)
-    sagemaker_caches.apply(env, root=tmp_path)
-    monkeypatch.setenv("SERVING_DOWNLOAD_DIR", env["SERVING_DOWNLOAD_DIR"])
-    assert str(cache_root()) == "/tmp/lmi_server/download"
+    monkeypatch.setenv("LMI_SERVER_CACHE", str(tmp_path / "image-cache"))
+    monkeypatch.delenv("LMI_ON_SAGEMAKER", raising=False)
+    for name in ("SAGEMAKER_CONTAINER_LOG_LEVEL", "SAGEMAKER_REGION", "SAGEMAKER_SAFE_PORT_RANGE", "SAGEMAKER_BIND_TO_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert cache_root() == tmp_path / "image-cache" / "download"
+    monkeypatch.setenv("SAGEMAKER_REGION", "us-west-2")
+    assert cache_root() == sagemaker_caches.DOWNLOAD_DIR == Path("/tmp/lmi_server/download")
+    monkeypatch.setenv("SERVING_DOWNLOAD_DIR", str(tmp_path / "mine"))  # LMI's variable wins
+    assert cache_root() == tmp_path / "mine"
 
 
 def test_engine_environment_carries_the_cache_defaults(monkeypatch, tmp_path):

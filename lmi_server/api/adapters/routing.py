@@ -1,9 +1,9 @@
 """Choosing the adapter per request (the pipeline's "resolve" stage), from the body as it came.
 
-Precedence: header `X-Amzn-SageMaker-Adapter-Identifier` (an adapter's name, or the alias
-SageMaker registered it with; `X-Amzn-SageMaker-Adapter-Alias` names it in the errors), then the body field `"adapters"` (LMI's;
+Precedence: header `X-Amzn-SageMaker-Adapter-Identifier`, then the body field `"adapters"` (LMI's;
 on chat and completion bodies too), then the `"model"` field naming an adapter; the base model when
-none is named. The adapter's input formatter then runs on the body (api/format_in.py). Whether LoRA is on
+none is named. Each may name an adapter by its name or by the alias SageMaker registered it with
+(`X-Amzn-SageMaker-Adapter-Alias`, which also names the adapter in the errors). The adapter's input formatter then runs on the body (api/format_in.py). Whether LoRA is on
 or off, a request that names an adapter is served by it or refused with a 404 naming what exists,
 never answered by the base model instead. Resolving takes a lease on the adapter (loading it on
 first use), kept in the request's context; `api/request_scope.RequestScopeMiddleware` releases it when the
