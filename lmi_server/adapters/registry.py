@@ -152,7 +152,10 @@ class AdapterRegistry:
         """An alias names one adapter: neither another adapter's name nor its alias."""
         if alias is None or alias == name:
             return
-        validate_name(alias)
+        try:
+            validate_name(alias)
+        except AdapterInvalid as exc:
+            raise AdapterInvalid(f"alias: {exc}") from None
         if alias in self.adapters or self._by_alias(alias) is not None:
             raise AdapterConflict(f"alias {alias!r} already names a registered adapter; DELETE it first")
 

@@ -91,6 +91,7 @@ def test_every_extra_port_of_the_process_tree_is_in_the_safe_range(sagemaker):
     assert len(inside) >= 3, ports  # vLLM's store and the LMCache server's two ports, at least
     log = sagemaker.log_path.read_text(errors="replace")
     assert "LMCache MP server ready" in log
+    assert "caches on the instance volume at /tmp" in log  # SageMaker recognised: caches on its NVMe
 
 
 def test_an_adapter_component_is_registered_used_aliased_and_removed(sagemaker):

@@ -102,11 +102,15 @@ def test_errors_name_the_alias(tmp_path, base_info):
         ("POST", "/adapters", {"params": {"name": "x1", "src": "payload"}, "headers": headers}),
         ("POST", "/adapters", {"params": {"name": "x2", "src": "payload"}, "headers": headers}),  # alias taken
         ("POST", "/adapters", {"params": {"name": "bad/name", "src": "payload"}}),
+        ("POST", "/adapters", {"params": {"name": "x3", "src": "payload"}, "headers": {ALIAS: " padded "}}),
+        ("POST", "/adapters", {"params": {"name": "x4", "src": "payload"}, "headers": {ALIAS: "a/b"}}),
     ])
     assert r[0].status_code == 400 and r[0].json()["error"]["message"].startswith("adapter my-component: ")
     assert r[1].status_code == 200
     assert r[2].status_code == 409 and "alias 'my-component' already names" in r[2].json()["error"]["message"]
     assert r[3].status_code == 400 and "invalid adapter name" in r[3].json()["error"]["message"]
+    assert r[4].status_code == 200 and r[4].json()["adapter"]["alias"] == "padded"  # header values are trimmed
+    assert r[5].status_code == 400 and "alias: invalid adapter name 'a/b'" in r[5].json()["error"]["message"]
 
 
 async def test_alias_is_a_second_name_for_requests(tmp_path, base_info):
