@@ -45,7 +45,9 @@ def cmd_serve(args) -> int:
     from lmi_server.api.auth import load_api_keys, warn_if_unprotected
     from lmi_server.host_requirements import check_host
     from lmi_server.runtime import resolve_runtime
+    from lmi_server import sagemaker_caches
 
+    sagemaker_caches.apply()  # before anything reads HF_HOME and friends (Hugging Face reads it at import)
     cfg = _load(args)
     warn_if_unprotected(args.host, load_api_keys(cfg.security, cfg.model_dir))
     runtime = resolve_runtime(cfg, build_demo=True)

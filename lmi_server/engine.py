@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from lmi_server import engine_launcher, response_store, startup_failure, weights_check
+from lmi_server import bind_shim, engine_launcher, response_store, safe_ports, sagemaker_caches, startup_failure, weights_check
 from lmi_server.config import host
 from lmi_server.config.model_kind import check_engine_kind
-from lmi_server.config.schema import ServingConfig
+from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.cpu_preload import plan_preload
 from lmi_server.engine_errors import ErrorReports
 from lmi_server.host_requirements import vllm_build
@@ -65,6 +65,29 @@ def engine_environment(
     if cfg.server.cpu_kv_cache_space is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.server.cpu_kv_cache_space)
     env.setdefault("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))
+    env.update(sagemaker_caches.cache_environment())  # on SageMaker: caches on /tmp (NVMe)
+    env.update(port_environment(env, notes))
+    return env
+
+
+def port_environment(planned: dict[str, str], notes: list[str] | None = None) -> dict[str, str]:
+    """Under SAGEMAKER_SAFE_PORT_RANGE: VLLM_PORT inside it (vLLM's own ports), and the bind shim
+    preloaded for the ports the kernel would pick (`bind_shim`: torch gloo's listeners), appended to
+    the LD_PRELOAD planned so far (or the user's); {} without a range. A malformed range is a
+    configuration error naming the variable."""
+    try:
+        bounds = safe_ports.safe_port_range()
+        env = safe_ports.vllm_env()
+    except safe_ports.PortRangeError as exc:
+        raise ConfigError([str(exc)]) from None
+    if bounds is None:
+        return env
+    shim_env, note = bind_shim.preload_environment(
+        safe_ports.parts(bounds)["kernel"], planned.get("LD_PRELOAD", os.environ.get("LD_PRELOAD"))
+    )
+    env.update(shim_env)
+    if notes is not None:
+        notes.append(note)
     return env
 
 

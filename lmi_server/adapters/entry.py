@@ -42,6 +42,7 @@ class AdapterEntry:
     pinned: bool = False
     preload: bool = False  # weights loaded at registration (LMI's `preload`)
     source: str | None = None  # `src` as registered through the API (None: found at start-up)
+    alias: str | None = None  # SageMaker's X-Amzn-SageMaker-Adapter-Alias at registration
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     handle: Any = None  # vLLM LoRARequest while resident
     in_flight: int = 0
@@ -67,6 +68,7 @@ class AdapterEntry:
         s = self.spec
         return {
             "name": s.name,
+            "alias": self.alias,
             "src": str(s.path),
             "status": "loaded" if self.resident else "registered",
             "preload": self.preload,

@@ -124,7 +124,7 @@ class AdapterRegistry:
     def register(self, name: str, path: Path, *, pin: bool = False) -> AdapterEntry:
         """Validate and register; on any failure nothing is registered (all-or-nothing)."""
         validate_name(name)
-        if name in self.adapters:
+        if name in self.adapters or self._by_alias(name) is not None:
             raise AdapterConflict(f"adapter {name!r} is already registered; DELETE it first")
         if self.backend.is_base_model(name):
             raise AdapterInvalid(f"adapter name {name!r} is the base model's name; choose another")
@@ -137,12 +137,27 @@ class AdapterRegistry:
         return entry
 
     def get(self, name: str) -> AdapterEntry:
-        entry = self.adapters.get(name)
+        """The adapter registered as `name`, else the one registered with `name` as its alias."""
+        entry = self.adapters.get(name) or self._by_alias(name)
         if entry is not None:
             return entry
         if name in self.failed:
             raise AdapterUnavailable(f"adapter {name!r} failed to register: {self.failed[name]}")
         raise AdapterNotFound(name, list(self.adapters))
+
+    def _by_alias(self, alias: str) -> AdapterEntry | None:
+        return next((e for e in self.adapters.values() if e.alias == alias), None)
+
+    def _check_alias(self, name: str, alias: str | None) -> None:
+        """An alias names one adapter: neither another adapter's name nor its alias."""
+        if alias is None or alias == name:
+            return
+        try:
+            validate_name(alias)
+        except AdapterInvalid as exc:
+            raise AdapterInvalid(f"alias: {exc}") from None
+        if alias in self.adapters or self._by_alias(alias) is not None:
+            raise AdapterConflict(f"alias {alias!r} already names a registered adapter; DELETE it first")
 
     def describe(self) -> list[dict[str, Any]]:
         return [e.describe() for e in sorted(self.adapters.values(), key=lambda e: e.name)]
@@ -255,15 +270,19 @@ class AdapterRegistry:
 
     # ------------------------------------------------------------------ management
 
-    async def add(self, name: str, src: str, *, preload: bool = True, pin: bool = False) -> AdapterEntry:
+    async def add(
+        self, name: str, src: str, *, preload: bool = True, pin: bool = False, alias: str | None = None
+    ) -> AdapterEntry:
         """LMI's register: validate, register, and (preload, the default) load the weights now;
-        `pin` keeps them resident. A preload that cannot load leaves nothing registered."""
+        `pin` keeps them resident. A preload that cannot load leaves nothing registered. `alias`
+        (SageMaker's) is a second name requests may use."""
         if pin and not preload:
             raise AdapterInvalid(PIN_WITHOUT_PRELOAD)
+        self._check_alias(name, alias)
         path = await asyncio.to_thread(self.resolve_src, src) if is_remote(src) else self.resolve_src(src)
         src_paths.refuse_remote_code(name, src, path, trusted=self.trust_remote_code)
         entry = self.register(name, path, pin=pin)
-        entry.preload, entry.source = preload, src
+        entry.preload, entry.source, entry.alias = preload, src, alias
         log.info("adapters: registered %r from %s (preload %s, pin %s)", name, path, preload, pin)
         if preload:
             try:
@@ -328,12 +347,13 @@ class AdapterRegistry:
             return None
 
     async def remove(self, name: str) -> AdapterEntry | None:
-        """Unregister; None when the name was only a failed registration (now forgotten)."""
-        entry = self.adapters.get(name)
+        """Unregister (by name or alias); None when the name was only a failed registration (now forgotten)."""
+        entry = self.adapters.get(name) or self._by_alias(name)
         if entry is None:
             if self.failed.pop(name, None) is not None:
                 return None
             raise AdapterNotFound(name, list(self.adapters))
+        name = entry.name
         del self.adapters[name]
         ADAPTERS_REGISTERED.set(len(self.adapters))
         entry.deleted = True

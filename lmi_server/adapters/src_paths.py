@@ -5,15 +5,35 @@ and whether the code that arrives with a downloaded adapter may run (`refuse_rem
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from lmi_server.adapters.errors import AdapterUnavailable
 from lmi_server.adapters.validation import CONFIG_FILE, FORMATTER_FILE, WEIGHTS_FILES, AdapterInvalid
+from lmi_server.sagemaker_env import on_sagemaker
 from lmi_server.source_ref import is_remote
 
 log = logging.getLogger(__name__)
 
 TRUST_OPTION = "option.trust_remote_code"
+SAGEMAKER_ROOT = Path("/opt/ml")
+ROOTS_VARIABLE = "LMI_SAGEMAKER_ADAPTER_ROOTS"
+
+
+def sagemaker_roots(env: Mapping[str, str] | None = None) -> list[Path]:
+    """On SageMaker, the roots an adapter component's `src` may lie in, beside the model's own
+    adapter root: /opt/ml, the tree SageMaker provisions for model data (where it places an
+    adapter component's unpacked ArtifactUrl is not documented: docs/sagemaker-adapters.md), or
+    the directories `LMI_SAGEMAKER_ADAPTER_ROOTS` lists (os.pathsep-separated) instead. Elsewhere
+    none: a `src` outside option.adapters_path stays refused. Downloads (s3:// adapters) land in
+    the download cache, on /tmp there (`sagemaker_caches`), outside these roots: a downloaded
+    adapter's model.py is imported only through `refuse_remote_code`'s switch."""
+    env = os.environ if env is None else env
+    if not on_sagemaker(env):
+        return []
+    listed = [Path(p) for p in env.get(ROOTS_VARIABLE, "").split(os.pathsep) if p.strip()]
+    return [p for p in listed if p.is_absolute()] or [SAGEMAKER_ROOT]
 
 
 def resolve_src(src: str, allowed_roots: list[Path]) -> Path:

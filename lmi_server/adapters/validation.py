@@ -31,8 +31,10 @@ PICKLE_WEIGHTS_FILE = "adapter_model.bin"
 WEIGHTS_FILES = (WEIGHTS_FILE, PICKLE_WEIGHTS_FILE, "adapter_model.pt")
 FORMATTER_FILE = "model.py"
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-NAME_RULE = "1-64 characters: letters, digits, '.', '_' or '-', starting with a letter or digit, no '..'"
+NAME_MAX = 256
+NAME_RULE = (
+    f"1-{NAME_MAX} printable characters, no '/' or '\\', not '.' or '..', no space at either end"
+)
 
 # vLLM's LoRA prefix in PEFT files: base_model.model.<module path>.lora_{A,B}[.default].weight
 _KEY_RE = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
@@ -45,11 +47,18 @@ class AdapterInvalid(ValueError):
 
 
 def validate_name(name: Any) -> str:
-    """An adapter name is a directory name and a model id: no separators, no '..', short."""
+    """LMI's rule is any name; SageMaker's own identifiers are not documented. So any printable
+    name is taken, within what keeps it safe: it is one path segment of the adapter API (no '/'
+    or '\\', not '.' or '..'), a model id and a log field (printable, no space at either end,
+    bounded). It is never a file path (files are found from `src`; start-up discovery names an
+    adapter after its directory) and a Prometheus label value only through `metric_labels`."""
     if not isinstance(name, str) or not name:
         raise AdapterInvalid(f"adapter name must be a non-empty string ({NAME_RULE})")
-    if "/" in name or "\\" in name or ".." in name or not NAME_RE.match(name):
-        raise AdapterInvalid(f"invalid adapter name {name!r}: {NAME_RULE}")
+    if (
+        len(name) > NAME_MAX or not name.isprintable() or "/" in name or "\\" in name
+        or name in (".", "..") or name != name.strip()
+    ):
+        raise AdapterInvalid(f"invalid adapter name {name[:NAME_MAX]!r}: {NAME_RULE}")
     return name
 
 

@@ -25,5 +25,6 @@ def _import_quietly():
 
 SageMakerLoRAApiHeader, SageMakerSessionHeader, SessionRequest = _import_quietly()
 ADAPTER_HEADER = SageMakerLoRAApiHeader.ADAPTER_IDENTIFIER.lower()  # x-amzn-sagemaker-adapter-identifier
+ALIAS_HEADER = SageMakerLoRAApiHeader.ADAPTER_ALIAS.lower()  # x-amzn-sagemaker-adapter-alias
 
-__all__ = ["ADAPTER_HEADER", "SageMakerLoRAApiHeader", "SageMakerSessionHeader", "SessionRequest"]
+__all__ = ["ADAPTER_HEADER", "ALIAS_HEADER", "SageMakerLoRAApiHeader", "SageMakerSessionHeader", "SessionRequest"]

@@ -1,16 +1,17 @@
 """The single entry point the serving config calls: `option.lmcache_*` → `KVCachePlan`.
 
 It picks the way in (config file, auto plan, or nothing), resolves the file path against the
-model directory as LMI does, and chooses free local ports when none are configured.
+model directory as LMI does, and chooses free local ports when none are configured (inside
+SAGEMAKER_SAFE_PORT_RANGE when it is set).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lmi_server import safe_ports
 from lmi_server.kvcache.host import HostFacts
 from lmi_server.kvcache.lmcache import plan_from_config_file, process_env
 from lmi_server.config.options import LMCacheOptions
@@ -19,29 +20,14 @@ from lmi_server.kvcache.planner import EngineFacts, plan_auto
 
 
 def free_local_port() -> int:
-    """A TCP port free on localhost right now (the OS picks it)."""
+    """A TCP port free right now (from SAGEMAKER_SAFE_PORT_RANGE when set, `safe_ports`)."""
     return free_local_ports(1)[0]
 
 
 def free_local_ports(count: int, *, taken: tuple[int, ...] = ()) -> list[int]:
-    """`count` distinct TCP ports free on localhost, none of them in `taken`.
-
-    All sockets stay bound until every port is picked: the OS may hand out a port again as soon
-    as its socket closes, so picking one at a time can return the same port twice."""
-    sockets: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        while len(ports) < count:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(s)
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-            if port not in taken and port not in ports:
-                ports.append(port)
-    finally:
-        for s in sockets:
-            s.close()
-    return ports
+    """`count` distinct free TCP ports, none of them in `taken` (`safe_ports.free_local_ports`:
+    inside SAGEMAKER_SAFE_PORT_RANGE when it is set)."""
+    return safe_ports.free_local_ports(count, taken=taken)
 
 
 def resolve_config_path(path: Path, model_dir: Path | None) -> Path:
@@ -71,7 +57,10 @@ def build_kvcache_plan(
             "option.lmcache_config_file and option.lmcache_auto_config=true exclude each other; keep one"
         )
     given = tuple(p for p in (options.lmcache_port, options.lmcache_metrics_port) if p)
-    picked = iter(free_local_ports(2 - len(given), taken=given))
+    try:
+        picked = iter(free_local_ports(2 - len(given), taken=given))
+    except safe_ports.PortRangeError as exc:
+        raise KVCacheConfigError(f"LMCache server ports: {exc}") from None
     port = options.lmcache_port or next(picked)
     metrics_port = options.lmcache_metrics_port or next(picked)
     if metrics_port == port:

@@ -56,10 +56,17 @@ __all__ = [
 
 
 def cache_root() -> Path:
-    """Downloads live under SERVING_DOWNLOAD_DIR (LMI's variable) or the server's cache directory."""
+    """Downloads live under SERVING_DOWNLOAD_DIR (LMI's variable), else on SageMaker on the
+    instance's NVMe volume (/tmp/lmi_server/download, `sagemaker_caches`), else in the server's
+    cache directory."""
+    from lmi_server.sagemaker_caches import download_dir
+
     explicit = os.environ.get("SERVING_DOWNLOAD_DIR")
     if explicit:
         return Path(explicit)
+    on_nvme = download_dir()
+    if on_nvme is not None:
+        return on_nvme
     base = os.environ.get("LMI_SERVER_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lmi_server"
     )

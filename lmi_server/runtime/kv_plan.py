@@ -19,7 +19,7 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any], *, contact_hu
     from lmi_server.kvcache.planner import EngineFacts
     from lmi_server.kvcache.resolve import build_kvcache_plan
 
-    opts, found = _with_mounted_cache_dir(cfg)
+    opts, found, found_why = _with_mounted_cache_dir(cfg)
     model_path, model_config = read_model_config(str(engine_args["model"]))
     try:
         host = probe_host(
@@ -53,26 +53,33 @@ def plan_kv_cache(cfg: ServingConfig, engine_args: dict[str, Any], *, contact_hu
     except (KVCacheConfigError, CacheDirError) as exc:
         raise ConfigError([str(exc)]) from exc
     if found is not None and plan.tiers is not None and plan.tiers.disk is not None:
-        plan.reasons.append(
-            f"cache directory {found}: a writable directory mounted at the conventional path (the Helm chart's "
-            "kvCache volume); option.lmcache_cache_dir overrides it"
-        )
+        plan.reasons.append(f"cache directory {found}: {found_why}; option.lmcache_cache_dir overrides it")
     name_keys(plan, engine_args, hub_model=cfg.model.source == "hub", contact_hub=contact_hub)
     return plan
 
 
-def _with_mounted_cache_dir(cfg: ServingConfig) -> tuple[Any, Any]:
-    """The LMCache options, with the conventional mounted cache directory for the auto plan when
-    option.lmcache_cache_dir is not set and that directory exists; and that directory (or None)."""
+def _with_mounted_cache_dir(cfg: ServingConfig) -> tuple[Any, Any, str]:
+    """The LMCache options, with a default cache directory for the auto plan when
+    option.lmcache_cache_dir is not set: a writable directory mounted at /mnt/kvcache, else on
+    SageMaker /tmp/lmcache (`sagemaker_caches`); that directory (or None) and why it was chosen."""
+    from lmi_server import sagemaker_caches
     from lmi_server.kvcache.host import mounted_cache_dir
+    from lmi_server.sagemaker_env import why
 
     opts = cfg.lmcache
     if not opts.lmcache_auto_config or opts.lmcache_cache_dir is not None:
-        return opts, None
+        return opts, None, ""
     found = mounted_cache_dir()
+    reason = "a writable directory mounted at the conventional path (the Helm chart's kvCache volume)"
     if found is None:
-        return opts, None
-    return opts.model_copy(update={"lmcache_cache_dir": found}), found
+        found = sagemaker_caches.kv_cache_dir()
+        reason = (
+            f"on SageMaker ({why()}) the instance's NVMe volume is mounted at /tmp, and LMI keeps its "
+            "LMCache disk tier at /tmp/lmcache (O_DIRECT where the filesystem accepts it)"
+        )
+    if found is None:
+        return opts, None, ""
+    return opts.model_copy(update={"lmcache_cache_dir": found}), found, reason
 
 
 def name_keys(

@@ -17,6 +17,9 @@ This server serves one model, so `{model}` in the path is not checked (LMI's int
 addresses the model by its directory's name). Invalid input is 400 with the reason, an unknown
 adapter 404, a name already registered 409, an adapter whose weights cannot be loaded 424 (the
 adapter package's errors are mapped to HTTP in `api/errors.py`). The logic is the registry's.
+
+SageMaker's `X-Amzn-SageMaker-Adapter-Alias` (`alias.py`): registered with the adapter (a second
+name requests may use), named instead of the name in the answers and the errors, and sent back.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
+from lmi_server.adapters.errors import AdapterNotFound
+from lmi_server.api.adapters.alias import alias_of, not_found, shown
 from lmi_server.api.body import read_json_body
 from lmi_server.api.context import app_context
-from lmi_server.api.errors import APIError, validation_message
+from lmi_server.api.errors import ADAPTER_ERRORS, APIError, from_adapter_error, validation_message
+from lmi_server.api.standards import ALIAS_HEADER
 
 router = APIRouter()
 
@@ -95,15 +101,47 @@ async def _list(request: Request):
     return JSONResponse(body)
 
 
+def _as_alias(request: Request, name: str, exc: Exception) -> Exception:
+    """An adapter error as HTTP, worded with SageMaker's alias when the request gives one: "The
+    adapter {alias} was not found" for an unknown adapter, the alias before any other reason."""
+    mapped = from_adapter_error(exc)
+    if mapped is None:
+        return exc
+    if isinstance(exc, AdapterNotFound):  # LMI's wording, with what is registered
+        return APIError(404, not_found(request, name) + str(exc).partition(" not found")[2], headers=_echo(request))
+    alias = alias_of(request)
+    if alias is not None and alias != name:
+        mapped.message = f"adapter {alias}: {mapped.message}"
+        mapped.args = (mapped.message,)
+    mapped.headers = _echo(request)
+    return mapped
+
+
+def _echo(request: Request) -> dict[str, str] | None:
+    """SageMaker's alias header, sent back on the adapter API's answers."""
+    alias = alias_of(request)
+    return {ALIAS_HEADER: alias} if alias is not None else None
+
+
+def _answer(request: Request, body: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(body, headers=_echo(request))
+
+
 async def _describe(request: Request, name: str):
-    return JSONResponse(_registry(request, required=True).get(name).describe())
+    try:
+        return _answer(request, _registry(request, required=True).get(name).describe())
+    except ADAPTER_ERRORS as exc:
+        raise _as_alias(request, name, exc) from None
 
 
 async def _register(request: Request):
     registry = _registry(request, required=True)
     req = await _fields(request, RegisterAdapter, '{"name": "my-adapter", "src": "my-adapter", "preload": true, "pin": false}')
-    entry = await registry.add(req.name, req.src, preload=req.preload, pin=req.pin)
-    return JSONResponse({"status": f"Adapter {req.name} registered", "adapter": entry.describe()})
+    try:
+        entry = await registry.add(req.name, req.src, preload=req.preload, pin=req.pin, alias=alias_of(request))
+    except ADAPTER_ERRORS as exc:
+        raise _as_alias(request, req.name, exc) from None
+    return _answer(request, {"status": f"Adapter {shown(request, req.name)} registered", "adapter": entry.describe()})
 
 
 async def _update(request: Request, name: str):
@@ -111,14 +149,20 @@ async def _update(request: Request, name: str):
     req = await _fields(request, UpdateAdapter, '{"preload": true, "pin": true}')
     if req.name is not None and req.name != name:
         raise APIError(400, f"name {req.name!r} in the request differs from the adapter {name!r} in the path; renaming is not supported")
-    entry = await registry.update(name, src=req.src, preload=req.preload, pin=req.pin)
-    return JSONResponse({"status": f"Adapter {name} updated", "adapter": entry.describe()})
+    try:
+        entry = await registry.update(registry.get(name).name, src=req.src, preload=req.preload, pin=req.pin)
+    except ADAPTER_ERRORS as exc:
+        raise _as_alias(request, name, exc) from None
+    return _answer(request, {"status": f"Adapter {shown(request, name)} updated", "adapter": entry.describe()})
 
 
 async def _unregister(request: Request, name: str):
     registry = _registry(request, required=True)
-    entry = await registry.remove(name)
-    return JSONResponse({"status": f"Adapter {name} unregistered", "in_flight": entry.in_flight if entry else 0})
+    try:
+        entry = await registry.remove(name)
+    except ADAPTER_ERRORS as exc:
+        raise _as_alias(request, name, exc) from None
+    return _answer(request, {"status": f"Adapter {shown(request, name)} unregistered", "in_flight": entry.in_flight if entry else 0})
 
 
 # Both path shapes LMI answers. This server serves one model: `{model}` is not checked.

@@ -2,7 +2,8 @@
 
 Precedence: header `X-Amzn-SageMaker-Adapter-Identifier`, then the body field `"adapters"` (LMI's;
 on chat and completion bodies too), then the `"model"` field naming an adapter; the base model when
-none is named. The adapter's input formatter then runs on the body (api/format_in.py). Whether LoRA is on
+none is named. Each may name an adapter by its name or by the alias SageMaker registered it with
+(`X-Amzn-SageMaker-Adapter-Alias`, which also names the adapter in the errors). The adapter's input formatter then runs on the body (api/format_in.py). Whether LoRA is on
 or off, a request that names an adapter is served by it or refused with a 404 naming what exists,
 never answered by the base model instead. Resolving takes a lease on the adapter (loading it on
 first use), kept in the request's context; `api/request_scope.RequestScopeMiddleware` releases it when the
@@ -19,6 +20,7 @@ from typing import Any
 from fastapi import Request
 
 from lmi_server.adapters.registry import AdapterNotFound, Lease
+from lmi_server.api.adapters.alias import alias_of
 from lmi_server.api.context import app_context, request_context
 from lmi_server.api.errors import APIError, from_adapter_error
 from lmi_server.api.standards import ADAPTER_HEADER
@@ -57,17 +59,18 @@ async def use_adapter(request: Request, name: str) -> AdapterUse:
     """Take a lease on the named adapter, or raise a 404 that says what this server serves: a
     request that names an adapter is never answered by another model."""
     registry = app_context(request).adapters.registry()
+    shown = alias_of(request) or name  # SageMaker's alias names the adapter in its errors
     if registry is None:
         served = ", ".join(repr(n) for n in base_names(request)) or "its base model"
         raise APIError(
-            404, f"adapter or model {name!r} not found: this server serves {served} only "
+            404, f"adapter or model {shown!r} not found: this server serves {served} only "
             "(LoRA adapters are off: option.enable_lora=false)", param="model",
         )
     try:
-        registry.get(name)
+        name = registry.get(name).name  # an alias names its adapter
     except AdapterNotFound as exc:
         served = ", ".join(repr(n) for n in base_names(request)) or "its base model"
-        raise APIError(404, f"model {name!r} not found: this server serves {served}{str(exc).partition(' not found')[2]}",
+        raise APIError(404, f"model {shown!r} not found: this server serves {served}{str(exc).partition(' not found')[2]}",
                        param="model") from None
     except Exception as exc:
         raise (from_adapter_error(exc, param="model") or exc) from None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_server.adapters.registry import AdapterRegistry
+from lmi_server.adapters.src_paths import sagemaker_roots
 from lmi_server.catalogue import example_adapters_dir
 from lmi_server.adapters.validation import base_model_info
 from lmi_server.adapters.vllm_backend import VLLMBackend, with_adapter_listing
@@ -50,9 +51,11 @@ def build_registry(cfg: Any, owner: Any):
     models = state.serving.openai_serving_models
     backend = VLLMBackend(models, state.engine)
     engine_args = owner.engine_args
+    root = adapters_root(cfg)
     registry = AdapterRegistry(
         backend,
-        root=adapters_root(cfg),
+        root=root,
+        allowed_roots=[root, *sagemaker_roots()],  # SageMaker's adapter components: their src
         max_rank=int(engine_args.get("max_lora_rank") or 16),
         capacity=registry_capacity(engine_args),
         base=base_model_info(str(engine_args.get("model")), backend.base_names()),

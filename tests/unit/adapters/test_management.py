@@ -211,7 +211,7 @@ def test_list_pages_with_lmis_parameters(served):
         ("POST", "/adapters", {"json": {"name": "a1", "src": "a1", "colour": "red"}}, 400, "colour"),
         ("POST", "/adapters", {"json": {"name": "a1", "src": "a1", "preload": False, "pin": True}}, 400, "Can not set preload to false and pin to true"),
         ("POST", "/adapters", {"json": ["a1"]}, 400, "must be a JSON object"),
-        ("POST", "/adapters/nope/update", {"json": {"pin": True}}, 404, "'nope' not found"),
+        ("POST", "/adapters/nope/update", {"json": {"pin": True}}, 404, "The adapter nope was not found"),
         ("POST", "/adapters/a1/update", {"json": {"name": "a2"}}, 400, "renaming is not supported"),
         ("GET", "/adapters", {"params": {"limit": "many"}}, 400, "limit"),
         ("PUT", "/adapters/a1", {}, 405, ""),

@@ -39,11 +39,11 @@ def test_broken_adapter_fails_alone(tmp_path, base_info, fake_backend):
     make_adapter(root, "good")
     make_adapter(root, "bad-script", model_py="raise RuntimeError('boom')\n")
     make_adapter(root, "too-big", r=16)
-    make_adapter(root, "bad..name")
+    make_adapter(root, "bad\tname")  # not printable
     reg = registry(root, fake_backend, base_info)
     ok, failed = reg.discover()
     assert ok == ["good"]
-    assert set(failed) == {"bad-script", "too-big", "bad..name"}
+    assert set(failed) == {"bad-script", "too-big", "bad\tname"}
     assert "boom" in failed["bad-script"]
     assert "bad-script" not in reg.adapters  # no half-registered state
     with pytest.raises(AdapterUnavailable, match="failed to register.*boom"):

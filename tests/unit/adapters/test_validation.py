@@ -10,12 +10,21 @@ from lmi_server.adapters.validation import AdapterInvalid, inspect_adapter, vali
 from tests.unit.adapters.conftest import make_adapter
 
 
-@pytest.mark.parametrize("name", ["a", "my-adapter", "v1.2_final", "A" * 64, "x9"])
+# LMI takes any name; SageMaker's identifiers are not documented: any printable one that stays one
+# path segment of the adapter API is taken (an inference component's name, an opaque id, spaces,
+# dots, non-ASCII), up to 256 characters.
+@pytest.mark.parametrize("name", [
+    "a", "my-adapter", "v1.2_final", "A" * 64, "x9", "adapter-chinese-1", "a..b", ".hidden", "-x", "A" * 256,
+    "sp ace", "é", "ic:base", "7f3c2a9e-11b2-4c1e-9d3a-0a1b2c3d4e5f", 'quote"and\'tick',
+])
 def test_valid_names(name):
     assert validate_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "../etc", "a/b", "a\\b", "..", "a..b", ".hidden", "-x", "A" * 65, "sp ace", "é", None, 3])
+@pytest.mark.parametrize("name", [
+    "", "../etc", "a/b", "a\\b", "..", ".", "A" * 257, " lead", "trail ", "new\nline", "tab\tname", "nul\x00",
+    "bell\x07", None, 3,
+])
 def test_invalid_names(name):
     with pytest.raises(AdapterInvalid):
         validate_name(name)
