@@ -7,8 +7,11 @@ key namespace, a store that times out, or a KV copy routine.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lmi_server.compat.contract import Use
@@ -33,12 +36,13 @@ USES: tuple[Use, ...] = (
     Use("lmcache", _CONNECTOR, "LMCacheMPConnector.request_trackers", "read",
         "request id -> tracker of each request the scheduler side follows", "compat.lmcache.release_prefix_hit",
         _NO_CONFIG, assigned_in="LMCacheMPConnector.__init__"),
-    *(Use("lmcache", _CONNECTOR, f"{_TRACKER}.{field}", "write", what, "compat.lmcache.release_prefix_hit",
+    *(Use("lmcache", _CONNECTOR, f"{_TRACKER}.{field}", kind, what, "compat.lmcache.release_prefix_hit",
           _NO_CONFIG, assigned_in=f"{_TRACKER}.__init__")
-      for field, what in (("num_lmcache_hit_tokens", "tokens the lookup found (their locks are held)"),
-                          ("cache_salt", "the request's cache salt, passed back to free_lookup_locks"),
-                          ("request_configs", "the request's LMCache options, passed back to free_lookup_locks"),
-                          ("max_offload_tokens", "0 stores none of the request's KV"))),
+      for field, kind, what in (
+          ("num_lmcache_hit_tokens", "write", "tokens the lookup found (their locks are held)"),
+          ("cache_salt", "read", "the request's cache salt, passed back to free_lookup_locks"),
+          ("request_configs", "read", "the request's LMCache options, passed back to free_lookup_locks"),
+          ("max_offload_tokens", "write", "0 stores none of the request's KV"))),
     Use("lmcache", _CONNECTOR, f"{_TRACKER}.num_scheduled_tokens", "write",
         "tokens whose KV is computed: a store reaches this far", "compat.lmcache.release_prefix_hit", _NO_CONFIG),
     Use("lmcache", _CONNECTOR, f"{_TRACKER}.get_token_ids", "call", "the request's token ids",
@@ -58,6 +62,9 @@ USES: tuple[Use, ...] = (
         assigned_in="LMCacheMPWorkerAdapter.__init__"),
     Use("lmcache", _ADAPTERS, "LMCacheMPWorkerAdapter.lazy_offload", "read", "whether stores are lazily offloaded",
         "compat.lmcache.guard_worker_stores", _NO_CONFIG, assigned_in="LMCacheMPWorkerAdapter.__init__"),
+    Use("lmcache", "lmcache.v1.config", "_CONFIG_DEFINITIONS", "read",
+        "a module-level dict literal whose keys are the in-process config's keys (read from the source)",
+        "compat.lmcache.config_keys", "LMCache lists its config keys nowhere public"),
     Use("lmcache", _KERNELS, _KERNEL, "replace",
         "the per-layer packed-K/V copy between chunks and paged KV, looked up by module-level name",
         "compat.lmcache.replace_transfer_kernel", "transfer kernels are not pluggable",
@@ -142,3 +149,21 @@ def replace_transfer_kernel(make: Callable[[Any, Any], Any], mark: str) -> bool 
         return True
     setattr(mp_mem_kernels, _KERNEL, make(original, valid_range))
     return True
+
+
+def config_keys() -> frozenset[str]:
+    """Every key LMCache's in-process config defines, read from the installed `lmcache/v1/config.py`
+    without importing it (importing lmcache pulls in torch); empty when it cannot be read."""
+    spec = importlib.util.find_spec("lmcache")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    path = Path(next(iter(spec.submodule_search_locations))) / "v1" / "config.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return frozenset()
+    for node in tree.body:
+        target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == "_CONFIG_DEFINITIONS" and isinstance(node.value, ast.Dict):
+            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    return frozenset()
