@@ -15,5 +15,9 @@ from lmi_server.compat.contract import Use
 
 USES: tuple[Use, ...] = vllm.USES + lmcache.USES
 """Every private upstream name the seam uses, vLLM's then LMCache's."""
+INTERNAL: tuple[Use, ...] = vllm.INTERNAL + lmcache.INTERNAL
+"""Public-named entry points of upstream internal modules, called in place by their callers."""
+CONTRACT: tuple[Use, ...] = USES + INTERNAL
+"""Every row the contract tests and `make upgrade-check` check."""
 
-__all__ = ["USES", "Use", "lmcache", "vllm"]
+__all__ = ["CONTRACT", "INTERNAL", "USES", "Use", "lmcache", "vllm"]

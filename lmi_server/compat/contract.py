@@ -1,5 +1,9 @@
 """One row per private upstream name the seam uses, and the check of a row against what is installed.
 
+Rows with `private=False` are public-named entry points of vLLM's internal modules (its server's
+app state, its serving classes) that callers use in place: not patched and no private state, but
+undocumented, so the same check covers them on an upgrade.
+
 A row says where the name lives (module, then a dotted path inside it), what we do with it, which
 parameters we pass (checked by name with `inspect.signature`), or, for an attribute that an
 object's constructor assigns, which method assigns it (checked in that method's source: no
@@ -30,6 +34,7 @@ class Use:
     why: str  # why no supported hook covers it
     params: tuple[str, ...] | None = None  # parameter names (in order) of a callable, else None
     assigned_in: str | None = None  # for an instance attribute: "Class.method" whose source assigns it
+    private: bool = True  # False: a public-named entry point of an internal module, called in place
 
     @property
     def name(self) -> str:

@@ -76,6 +76,14 @@ USES: tuple[Use, ...] = (
 )
 
 
+INTERNAL: tuple[Use, ...] = (
+    Use("lmcache", "lmcache.v1.multiprocess.transport.factory", "RequestClientFactory.create", "call",
+        "a request client for the MP cache server (its readiness probe: get_chunk_size)",
+        "lmi_server.kvcache.mp_server", "LMCache's MP server has no documented client API",
+        params=("server_url", "context"), private=False),
+)
+"""Public-named entry points of LMCache's internal modules that callers use in place (not patched)."""
+
 def wrap_model_name(wrap: Callable[[Any], Any], mark: str) -> None:
     """Replace LMCache's model-name function by `wrap(original)` once per process (the wrapper
     carries attribute `mark`)."""

@@ -129,6 +129,69 @@ USES: tuple[Use, ...] = (
 )
 
 
+_SERVE = "vllm.entrypoints.serve"
+_INTERNAL_WHY = "an entry point of vLLM's own server, not of a documented API"
+
+
+def _internal(module: str, path: str, relies: str, used_by: str, params: tuple[str, ...] | None = None,
+              assigned_in: str | None = None) -> Use:
+    kind = "read" if assigned_in else "call"
+    return Use("vllm", module, path, kind, relies, used_by, _INTERNAL_WHY, params=params, assigned_in=assigned_in,
+               private=False)
+
+
+INTERNAL: tuple[Use, ...] = (
+    _internal("vllm.entrypoints.launchers.api_server.app_state", "init_app_state",
+              "builds vLLM's serving objects as attributes of a namespace", "lmi_server.engine",
+              ("engine_client", "state", "args", "supported_tasks")),
+    _internal("vllm.entrypoints.launchers.cli_args", "make_arg_parser", "vLLM's serve CLI, for its defaults",
+              "lmi_server.engine", ("parser",)),
+    _internal("vllm.utils.gc_utils", "freeze_gc_heap", "freezes the start-up heap as vLLM's server does",
+              "lmi_server.engine", ()),
+    _internal(f"{_SERVE}.utils.api_utils", "with_cancellation", "cancels a handler when the client goes away",
+              "lmi_server.api.pipeline", ("handler_func",)),
+    _internal(f"{_SERVE}.exception_handling.error_response", "create_error_response",
+              "vLLM's ErrorResponse for an exception", "lmi_server.api.errors",
+              ("message", "err_type", "status_code", "param")),
+    _internal(f"{_SERVE}.middleware.x_request_id", "XRequestIdMiddleware", "echoes X-Request-Id",
+              "lmi_server.api.app", ("app",)),
+    _internal("vllm.entrypoints.scale_out.render.api_router", "render_chat_completion",
+              "vLLM's render route (reads the handler from app.state.serving_render)", "lmi_server.api.openai.render",
+              ("request", "raw_request")),
+    _internal("vllm.entrypoints.scale_out.render.api_router", "render_completion", "as render_chat_completion",
+              "lmi_server.api.openai.render", ("request", "raw_request")),
+    _internal("vllm.v1.spec_decode.dynamic.utils", "validate_and_normalize_dynamic_sd_schedule",
+              "checks a dynamic speculation schedule as vLLM will", "lmi_server.speculative",
+              ("num_speculative_tokens_per_batch_size",)),
+    _internal("vllm.config", "get_layers_from_vllm_config", "the attention layers of the engine's model",
+              "lmi_server.kvcache.connector", ("vllm_config", "layer_type", "layer_names")),
+    _internal(_ANTHROPIC, "AnthropicServingMessages.create_chat_completion", "the chat half of create_messages",
+              "lmi_server.api.anthropic.routes", ("self", "request", "raw_request")),
+    _internal(_ANTHROPIC, "AnthropicServingMessages.messages_full_converter", "a chat answer as a Messages answer",
+              "lmi_server.api.anthropic.routes", ("self", "generator")),
+    _internal(_ANTHROPIC, "AnthropicServingMessages.message_stream_converter", "chat chunks as Anthropic events",
+              "lmi_server.api.anthropic.routes", ("self", "generator")),
+    _internal(_ANTHROPIC, "AnthropicServingMessages.count_tokens", "counts a Messages request's tokens",
+              "lmi_server.api.anthropic.routes", ("self", "request", "raw_request")),
+    _internal(_RESPONSES, "OpenAIServingResponses.create_responses", "POST /v1/responses",
+              "lmi_server.api.responses.routes", ("self", "request", "raw_request")),
+    _internal(_RESPONSES, "OpenAIServingResponses.retrieve_responses", "GET /v1/responses/{id}",
+              "lmi_server.api.responses.routes", ("self", "response_id", "starting_after", "stream")),
+    _internal(_RESPONSES, "OpenAIServingResponses.cancel_responses", "POST /v1/responses/{id}/cancel",
+              "lmi_server.api.responses.routes", ("self", "response_id")),
+    _internal(_MODELS, "OpenAIServingModels.load_lora_adapter", "loads an adapter and adds it to the engine",
+              "lmi_server.adapters.vllm_backend", ("self", "request", "base_model_name")),
+    _internal(_MODELS, "OpenAIServingModels.is_base_model", "whether a name is a base model's",
+              "lmi_server.adapters.vllm_backend", ("self", "model_name")),
+    _internal(_MODELS, "OpenAIServingModels.base_model_paths", "the served base models (name, path)",
+              "lmi_server.adapters.vllm_backend, lmi_server.api.pipeline", assigned_in="OpenAIServingModels.__init__"),
+    _internal("vllm.v1.engine.async_llm", "AsyncLLM.remove_lora", "drops an adapter's weights by int id",
+              "lmi_server.adapters.vllm_backend", ("self", "lora_id")),
+    _internal("vllm.v1.engine.async_llm", "AsyncLLM.pin_lora", "keeps an adapter resident",
+              "lmi_server.adapters.vllm_backend", ("self", "lora_id")),
+)
+"""Public-named entry points of vLLM's internal modules that callers use in place (not patched)."""
+
 def replace_mp_context(context: Any) -> bool:
     """Have vLLM start engine cores with `context` from now on; False where its launcher moved."""
     from vllm.v1.engine import utils as launch

@@ -9,20 +9,22 @@ import dataclasses
 
 import pytest
 
-from lmi_server.compat import USES, contract
+from lmi_server.compat import CONTRACT, USES, contract
 
 pytestmark = pytest.mark.unit
 
 
 def test_every_row_is_complete_and_named_once():
-    names = [use.name for use in USES]
+    names = [use.name for use in CONTRACT]
     assert len(names) == len(set(names)), "a name appears twice in the seam's table"
-    for use in USES:
+    for use in CONTRACT:
         assert use.upstream in ("vllm", "lmcache") and use.kind in contract.KINDS, use
-        assert use.relies and use.why and use.used_by.startswith("compat."), use
+        # a private name is used through the seam's function; an internal entry point by its caller
+        assert use.relies and use.why and use.used_by.startswith("compat." if use.private else "lmi_server."), use
+    assert all(use.private for use in USES) and not any(use.private for use in CONTRACT[len(USES):])
 
 
-@pytest.mark.parametrize("use", USES, ids=[use.name for use in USES])
+@pytest.mark.parametrize("use", CONTRACT, ids=[use.name for use in CONTRACT])
 def test_the_installed_upstream_still_has_it(use):
     changed = contract.check(use)
     assert changed is None, f"{changed}\n  we rely on: {use.relies}\n  why no supported hook: {use.why}"
