@@ -146,6 +146,15 @@ INTERNAL: tuple[Use, ...] = (
               ("engine_client", "state", "args", "supported_tasks")),
     _internal("vllm.entrypoints.launchers.cli_args", "make_arg_parser", "vLLM's serve CLI, for its defaults",
               "lmi_server.engine", ("parser",)),
+    _internal("vllm.entrypoints.launchers.cli_args", "FrontendArgs",
+              "the dataclass of vLLM's serve front-end options (the option table is generated from it)",
+              "lmi_server.config.vllm_table_gen"),
+    *(_internal(module, f"{manager}.{table}", "the registered parser names, a class-level dict",
+                "lmi_server.config.vllm_table_gen")
+      for module, manager, tables in (
+          ("vllm.tool_parsers.abstract_tool_parser", "ToolParserManager", ("tool_parsers", "lazy_parsers")),
+          ("vllm.reasoning.abs_reasoning_parsers", "ReasoningParserManager", ("reasoning_parsers", "lazy_parsers")))
+      for table in tables),
     _internal("vllm.utils.gc_utils", "freeze_gc_heap", "freezes the start-up heap as vLLM's server does",
               "lmi_server.engine", ()),
     _internal(f"{_SERVE}.utils.api_utils", "with_cancellation", "cancels a handler when the client goes away",
