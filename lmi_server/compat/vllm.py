@@ -7,6 +7,8 @@ values back; what vLLM calls a name, and where it keeps it, is known here only.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -122,6 +124,12 @@ USES: tuple[Use, ...] = (
     Use("vllm", _KV_BASE, "KVConnectorBase_V1._vllm_config", "read", "the engine config a connector was built with",
         "compat.vllm.connector_vllm_config", "protected member of the connector base",
         assigned_in="KVConnectorBase_V1.__init__"),
+    Use("vllm", "vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.__init__", "replace",
+        "a message ring's chunk size is the max_chunk_bytes argument, 24 MiB when its caller names none "
+        "(each worker's response ring)", "compat.vllm.default_message_queue_chunk",
+        "only the broadcast ring's chunk is a setting (VLLM_MQ_MAX_CHUNK_BYTES_MB)",
+        params=("self", "n_reader", "n_local_reader", "local_reader_ranks", "max_chunk_bytes", "max_chunks",
+                "connect_ip", "enable_shm_tensor_arena")),
     Use("vllm", "argparse", "_ActionsContainer._actions", "read",
         "the actions of vLLM's CLI parser (FlexibleArgumentParser, an argparse parser): dest -> type",
         "compat.vllm.cli_actions", "vLLM's parser exposes no action lookup; argparse keeps them private",
@@ -351,3 +359,23 @@ def connector_vllm_config(connector: Any) -> Any:
 def cli_actions(parser: Any) -> dict[str, Any]:
     """dest -> action of vLLM's CLI parser."""
     return {action.dest: action for action in parser._actions}
+
+
+def default_message_queue_chunk(chunk_bytes: int) -> None:
+    """vLLM's MessageQueue, made without a max_chunk_bytes, gets `chunk_bytes` (vLLM: 24 MiB); a
+    second call replaces the size, never wraps twice."""
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    original = MessageQueue.__init__
+    if getattr(original, "lmi_chunk_bytes", None) is not None:
+        original = original.__wrapped__  # type: ignore[attr-defined]
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if "max_chunk_bytes" not in signature.bind_partial(self, *args, **kwargs).arguments:
+            kwargs["max_chunk_bytes"] = chunk_bytes
+        original(self, *args, **kwargs)
+
+    __init__.lmi_chunk_bytes = chunk_bytes  # type: ignore[attr-defined]
+    MessageQueue.__init__ = __init__  # type: ignore[method-assign]
