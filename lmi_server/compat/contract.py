@@ -70,7 +70,8 @@ def check(use: Use) -> str | None:
     if not callable(target):
         return f"{use.name}: no longer callable (used by {use.used_by})"
     try:
-        found = tuple(inspect.signature(target).parameters)
+        # A name this process has already replaced stands for the original (`__wrapped__`).
+        found = tuple(inspect.signature(inspect.unwrap(target)).parameters)
     except (TypeError, ValueError):
         return None  # a builtin without a signature: presence is all that can be checked
     if found != use.params:

@@ -213,10 +213,18 @@ def replace_mp_context(context: Any) -> bool:
     """Have vLLM start engine cores with `context` from now on; False where its launcher moved."""
     from vllm.v1.engine import utils as launch
 
-    if not callable(getattr(launch, "get_mp_context", None)):
+    original = getattr(launch, "get_mp_context", None)
+    if not callable(original):
         return False
-    launch.get_mp_context = lambda: context
+    launch.get_mp_context = _wrapping(lambda: context, original)
     return True
+
+
+def _wrapping(replacement: Any, original: Any) -> Any:
+    """`replacement`, marked as standing for `original` (`__wrapped__`): the contract check reads
+    the original's signature through it, whatever ran in this process before."""
+    replacement.__wrapped__ = getattr(original, "__wrapped__", original)
+    return replacement
 
 
 def bound_responses_store(serving_responses: Any, make_store: Callable[[], Any]) -> None:
@@ -340,8 +348,9 @@ def replace_punica_cpu_ops(make: Callable[[dict[str, Any]], dict[str, Any]], mar
 
     if getattr(punica_cpu, mark, False):
         return False
-    for name, fn in make({name: getattr(punica_cpu, name) for name in PUNICA_OPS}).items():
-        setattr(punica_cpu, name, fn)
+    originals = {name: getattr(punica_cpu, name) for name in PUNICA_OPS}
+    for name, fn in make(originals).items():
+        setattr(punica_cpu, name, _wrapping(fn, originals[name]))
     setattr(punica_cpu, mark, True)
     return True
 
