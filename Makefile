@@ -10,7 +10,7 @@ PORT   ?= 8080
 # cpu or gpu; detected from the host unless given.
 FLAVOUR ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 
-.PHONY: setup serve docs sagemaker-client test unit e2e fuzz cluster cluster-down clean-venv images image-cpu image-gpu test-images gpu-image-record
+.PHONY: setup serve docs sagemaker-client test unit e2e fuzz cluster cluster-down clean-venv images image-cpu image-gpu test-images gpu-image-record upgrade-check
 
 setup: $(STAMP)
 
@@ -69,6 +69,11 @@ unit: setup
 
 e2e: setup
 	$(PY) -m pytest tests/e2e
+
+# The seam's private vLLM/LMCache names (lmi_server/compat) checked against another vLLM, installed in a
+# scratch venv: `make upgrade-check VLLM=0.33.0 [LMCACHE=0.5.7] [DIST=vllm] [OVERLAY=1]` (docs/upgrading.md).
+upgrade-check:
+	DIST="$(DIST)" OVERLAY="$(OVERLAY)" scripts/upgrade_check.sh "$(VLLM)" "$(LMCACHE)"
 
 # The concurrent fuzzer of valid requests, long, over every shipped engine configuration in turn
 # (LMI_FUZZ_SECONDS per configuration, default 180; figures in benchmarks/results/fuzz_valid.json).

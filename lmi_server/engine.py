@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from lmi_server import bind_shim, engine_launcher, response_store, safe_ports, sagemaker_caches, startup_failure, weights_check
+from lmi_server.compat import vllm as compat_vllm
 from lmi_server.config import host
 from lmi_server.config.model_kind import check_engine_kind
 from lmi_server.config.schema import ConfigError, ServingConfig
@@ -98,7 +99,7 @@ def build_vllm_namespace(engine_args: dict[str, Any], frontend_args: dict[str, A
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="lmi-server"))
     args = parser.parse_args(["--model", str(engine_args["model"])])
-    actions = {action.dest: action for action in parser._actions}
+    actions = compat_vllm.cli_actions(parser)
     for key, value in {**(frontend_args or {}), **engine_args}.items():
         action = actions.get(key)
         if isinstance(value, dict) and action is not None and callable(action.type):

@@ -9,7 +9,7 @@ is one idle process: about 250 MB more memory for the whole server (PSS 3.26 -> 
 demo model, LoRA and LMCache on), which `option.engine_fork_server=false` saves.
 
 vLLM picks the engine core's start method in `vllm.v1.engine.utils.get_mp_context` and knows no
-fork server; this module replaces that one reference, and only where a fork server loses nothing
+fork server; this module replaces that one reference (`compat.vllm.replace_mp_context`), and only where a fork server loses nothing
 of vLLM's launch: one engine (no data parallelism), no NUMA binding, the CPU platform (CUDA hosts
 set per-process device variables just before the launch, which a fork server would not pass on).
 The fork server keeps the environment it started with: variables set later do not reach later
@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from typing import Any
+
+from lmi_server.compat import vllm as compat_vllm
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +62,11 @@ def install(vllm_config: Any) -> bool:
     if reason is not None:
         log.info("engine cores start as vLLM starts them (%s)", reason)
         return False
-    from vllm.v1.engine import utils as launch
-
-    if not callable(getattr(launch, "get_mp_context", None)):
-        log.warning("vLLM's engine launcher has no get_mp_context: engine cores start as vLLM starts them")
-        return False
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(preload_modules(vllm_config))
-    launch.get_mp_context = lambda: context
+    if not compat_vllm.replace_mp_context(context):
+        log.warning("vLLM's engine launcher has no get_mp_context: engine cores start as vLLM starts them")
+        return False
     _installed = True
     log.info("engine cores start from a fork server with vLLM imported (an engine rebuilt after a death skips the imports)")
     return True

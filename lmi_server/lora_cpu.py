@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-NAMES = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
+from lmi_server.compat import vllm as compat_vllm
+
+NAMES = compat_vllm.PUNICA_OPS
 """The functions `vllm.lora.punica_wrapper.punica_cpu` imports from vLLM's torch ops, all replaced."""
 
 
@@ -133,14 +135,7 @@ def kernels(originals: dict[str, Any]) -> dict[str, Any]:
 
 def install() -> bool:
     """Replace the six names in vLLM's punica_cpu module (where its CPU wrapper looks them up)."""
-    from vllm.lora.punica_wrapper import punica_cpu
-
-    if getattr(punica_cpu, "lmi_lora_cpu", False):
-        return False
-    for name, fn in kernels({name: getattr(punica_cpu, name) for name in NAMES}).items():
-        setattr(punica_cpu, name, fn)
-    punica_cpu.lmi_lora_cpu = True
-    return True
+    return compat_vllm.replace_punica_cpu_ops(kernels, "lmi_lora_cpu")
 
 
 def vllm_plugin() -> None:

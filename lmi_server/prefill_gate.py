@@ -7,7 +7,8 @@ step. With two or more requests in that step the sizes differ and the CPU kernel
 the single index broadcasts and the result is right. A request with `n > 1` (its `n` sequences
 prefill in one step) no ordering can make safe: `engine_limits` refuses it.
 
-How: the engine's own `generate` is replaced on the engine object itself (`install`), so every
+How: the engine's own `generate` is replaced on the engine object itself (`install`, through
+`compat.vllm.wrap_engine_generate`), so every
 generation passes the gate whichever front door or serving object calls it (chat, completions,
 LMI's /invocations, Responses, Anthropic Messages, and any door added later): one place, not a
 list of serving objects. Ordinary generations hold the gate shared for as long as they run; one that computes
@@ -25,6 +26,8 @@ import collections
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from lmi_server.compat import vllm as compat_vllm
 
 
 def wants_exclusive(sampling_params: Any) -> bool:
@@ -150,8 +153,4 @@ def install(engine: Any, gate: PrefillGate) -> bool:
     """Put the gate in the engine's own `generate` (an attribute of the engine object, which the
     class's method stands behind); False when this engine already has it. Run on every engine build
     (a rebuilt engine is a new object)."""
-    current = getattr(engine, "generate", None)
-    if current is None or getattr(current, "lmi_gate", None) is not None:
-        return False
-    engine.generate = gated(current, gate)
-    return True
+    return compat_vllm.wrap_engine_generate(engine, lambda generate: gated(generate, gate), "lmi_gate")

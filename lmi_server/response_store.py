@@ -4,13 +4,15 @@ vLLM's `OpenAIServingResponses` keeps stored responses and their input messages 
 grow forever, and only when `VLLM_ENABLE_RESPONSES_API_STORE` is set. Here the same serving object
 gets LRU dicts of a fixed size instead (`option.responses_store_size`; 0 leaves storing off): a
 conversation continued by `previous_response_id` keeps working, and memory stays bounded, the
-least recently used response going first. No FastAPI and no vLLM import: the engine wires it.
+least recently used response going first. No FastAPI and no vLLM import: the engine wires it, through `compat.vllm`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any
+
+from lmi_server.compat import vllm as compat_vllm
 
 
 class BoundedStore(OrderedDict):
@@ -41,7 +43,5 @@ def install(serving_responses: Any, size: int) -> bool:
     storing off when `size` is 0 or there is no such object (a model that does not generate)."""
     if serving_responses is None or size <= 0:
         return False
-    serving_responses.response_store = BoundedStore(size)
-    serving_responses.msg_store = BoundedStore(size)
-    serving_responses.enable_store = True
+    compat_vllm.bound_responses_store(serving_responses, lambda: BoundedStore(size))
     return True

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lmi_server.compat import vllm as compat_vllm
+
 MIB = 1 << 20
 CHUNKS = 10
 """Chunks per ring, a constant in vLLM 0.32 (MessageQueue's max_chunks)."""
@@ -176,21 +178,4 @@ def vllm_plugin() -> None:
 
 def default_message_queue_chunk(chunk_bytes: int) -> None:
     """vLLM's MessageQueue, made without a max_chunk_bytes, gets `chunk_bytes` (vLLM: 24 MiB)."""
-    import functools
-    import inspect
-
-    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
-
-    original = MessageQueue.__init__
-    if getattr(original, "lmi_chunk_bytes", None) is not None:
-        original = original.__wrapped__  # type: ignore[attr-defined]
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if "max_chunk_bytes" not in signature.bind_partial(self, *args, **kwargs).arguments:
-            kwargs["max_chunk_bytes"] = chunk_bytes
-        original(self, *args, **kwargs)
-
-    __init__.lmi_chunk_bytes = chunk_bytes  # type: ignore[attr-defined]
-    MessageQueue.__init__ = __init__  # type: ignore[method-assign]
+    compat_vllm.default_message_queue_chunk(chunk_bytes)

@@ -45,10 +45,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.request_queue import create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
+from lmi_server.compat import vllm as compat_vllm
 from lmi_server.engine_log import engine_logger
 
 log = engine_logger(__name__)
@@ -150,7 +150,7 @@ class TenantPrefillScheduler(Scheduler):
         fit beside the running ones (see `drained_adapter`)."""
         if not self.waiting or len(self.running) >= self.max_num_running_reqs:
             return [], []  # nobody waits (most steps); no slot for a newcomer
-        if getattr(self, "kv_holding_waiting", None):
+        if compat_vllm.kv_holding_waiting(self):
             return [], []  # vLLM admits these first in any step, whatever their adapter
         found = newcomers(self.waiting, self.running)
         max_loras = self.lora_config.max_loras if self.lora_config else None
@@ -186,23 +186,15 @@ class TenantPrefillScheduler(Scheduler):
         # schedule() advances current_step, then skips a running request while
         # current_step < next_decode_eligible_step: +2 skips the coming step alone.
         for request in self.running:
-            request.next_decode_eligible_step = max(request.next_decode_eligible_step, self.current_step + 2)
+            compat_vllm.defer_decode(request, self.current_step + 2)
         self._cleared_step = self.current_step + 1
         self.cleared_steps += 1
         log.info("%s: step %d holds %d first prefill(s) alone, %d running requests skip it (steps cleared so far: %d)",
                  CLEARED, self._cleared_step, len(due), len(self.running), self.cleared_steps)
         # The step sees those prefills alone: other waiting requests (a flood's refills) wait one step.
-        queue = self.waiting
-        queue.remove_requests(due)
-        self.waiting = create_request_queue(self.policy)
-        for request in due:
-            self.waiting.add_request(request)
-        try:
+        # Newcomers it does not schedule go back in front of the queue, in their order.
+        with compat_vllm.waiting_swapped(self, due):
             return super().schedule(*args, **kwargs)
-        finally:
-            left = list(self.waiting)  # newcomers not scheduled, in their order
-            self.waiting = queue
-            queue.prepend_requests(reversed(left))  # FCFS prepends in reverse: back in order, in front
 
 
 class AsyncTenantPrefillScheduler(TenantPrefillScheduler, AsyncScheduler):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_server.adapters.registry import AdapterRegistry
+from lmi_server.compat import vllm as compat_vllm
 
 
 class VLLMBackend:
@@ -31,12 +32,11 @@ class VLLMBackend:
         )
         if type(result).__name__ == "ErrorResponse":
             raise RuntimeError(result.error.message)
-        return self.models.lora_requests[name]
+        return compat_vllm.lora_request(self.models, name)
 
     def detach(self, name: str, handle: Any) -> None:
         """Forget the name in vLLM's served-model map (the engine keeps the weights by int id)."""
-        if self.models.lora_requests.get(name) is handle:
-            del self.models.lora_requests[name]
+        compat_vllm.forget_lora(self.models, name, handle)
 
     async def unload(self, name: str, handle: Any) -> None:
         self.detach(name, handle)
@@ -50,10 +50,7 @@ def with_adapter_listing(serving_models: Any, registry: AdapterRegistry) -> None
     """Make vLLM's `show_available_models` (GET /v1/models) list registered adapters, loaded or not."""
     from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelPermission
 
-    base_listing = serving_models.registry.show_available_models
-
-    async def show_available_models():
-        models = await base_listing()
+    def with_adapters(models: Any) -> Any:
         parent = serving_models.base_model_paths[0].name
         models.data.extend(
             ModelCard(id=e.name, root=str(e.spec.path), parent=parent, permission=[ModelPermission()])
@@ -61,4 +58,4 @@ def with_adapter_listing(serving_models: Any, registry: AdapterRegistry) -> None
         )
         return models
 
-    serving_models.show_available_models = show_available_models
+    compat_vllm.extend_model_listing(serving_models, with_adapters)

@@ -60,6 +60,7 @@ from lmi_server.api.errors import APIError, engine_unavailable, from_engine_limi
 from lmi_server.api.format_in import apply_payload_formatter
 from lmi_server.api.respond import DoorFormatting, respond, sse_to_jsonl, yielding
 from lmi_server.api.media import check_messages
+from lmi_server.compat import vllm as compat_vllm
 from lmi_server.engine_limits import UnsupportedCombination
 from lmi_server.tenant_scheduler import TENANT_ARG
 from lmi_server.usage_metrics import Usage
@@ -147,10 +148,8 @@ def content_part_kind(part: Any) -> str | None:
     first media field it carries (`video_url`, `image_embeds`, ...), by vLLM's own rule."""
     if not isinstance(part, dict):
         return None
-    from vllm.renderers.chat_utils import _parse_chat_message_content_mm_part
-
     try:
-        return _parse_chat_message_content_mm_part(part)[0]
+        return compat_vllm.content_part_kind(part)
     except Exception:  # a malformed part: vLLM's own 400 says what is wrong with it
         return part.get("type")
 

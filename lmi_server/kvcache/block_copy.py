@@ -10,7 +10,7 @@ copied as opaque bytes, which is what this module does); LMCache's chunks are
 a store. Copying each run of consecutive blocks with one strided `copy_` writes the same bytes to
 the same places with one pass over them (benchmarks/kv_hit_path.py measures both).
 
-`install()` swaps that one kernel (`_transfer_per_layer_fused` of LMCache's torch ops) for
+`install()` swaps that one kernel (LMCache's per-layer packed-K/V kernel, through `compat.lmcache`) for
 `transfer_per_layer_fused` below; every other layout, and every compiled (GPU) kernel, stays
 LMCache's. The connector installs it in the engine's processes when it is created.
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger("lmi_server.kvcache.block_copy")
+from lmi_server.compat import lmcache as compat_lmcache
 
-_KERNEL = "_transfer_per_layer_fused"
+logger = logging.getLogger("lmi_server.kvcache.block_copy")
 
 
 def consecutive_runs(block_ids: Sequence[int]) -> Iterator[tuple[int, int, int]]:
@@ -97,22 +97,18 @@ def transfer_per_layer_fused(
 def install() -> bool:
     """Use the block-wise copy for LMCache's packed-K/V per-layer kernel in this process; False
     (LMCache's own kernel stays) when this LMCache build has no such kernel."""
-    try:
-        from lmcache.v1.platform.torch_ops import mp_mem_kernels
-    except ImportError:
-        return False
-    original = getattr(mp_mem_kernels, _KERNEL, None)
-    valid_range = getattr(mp_mem_kernels, "_valid_block_range_indices", None)
-    if original is None or valid_range is None:
-        logger.warning("LMCache has no %s kernel: its own KV copies are used", _KERNEL)
-        return False
-    if getattr(original, "lmi_block_copy", False):
-        return True
+    installed = compat_lmcache.replace_transfer_kernel(block_wise, "lmi_block_copy")
+    if installed is False:
+        logger.warning("LMCache has no packed-K/V per-layer transfer kernel: its own KV copies are used")
+    return bool(installed)
+
+
+def block_wise(original: Callable[..., None], valid_range: Callable[..., Any]) -> Callable[..., None]:
+    """LMCache's kernel signature over `transfer_per_layer_fused`, falling back to `original`."""
 
     def kernel(*args: Any) -> None:
         transfer_per_layer_fused(*args, fallback=original, valid_range=valid_range)
 
     kernel.lmi_block_copy = True  # type: ignore[attr-defined]
     kernel.lmcache_kernel = original  # type: ignore[attr-defined]
-    setattr(mp_mem_kernels, _KERNEL, kernel)
-    return True
+    return kernel

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from lmi_server.compat import lmcache as compat_lmcache
+from lmi_server.compat import vllm as compat_vllm
 from lmi_server.engine_log import engine_logger
 from lmi_server.kvcache import block_copy
 from lmi_server.kvcache.blend.scheduling import BlendJob, StoreJob
@@ -39,7 +41,7 @@ class GuardedLMCacheMPConnector(NamespacedLMCacheMPConnector):
         super().__init__(*args, **kwargs)
         if block_copy.install():
             logger.info("LMCache KV copies to and from the paged KV cache run block-wise")
-        adapter = getattr(self, "worker_adapter", None)
+        adapter = compat_lmcache.worker_adapter(self)
         if adapter is not None:
             guard_stores(adapter)
         self._blend_scheduler = self._blend_worker = None
@@ -48,7 +50,7 @@ class GuardedLMCacheMPConnector(NamespacedLMCacheMPConnector):
         config = BlendConfig.from_extra_config(getattr(transfer, "kv_connector_extra_config", None))
         if config is None:
             return
-        if getattr(self, "scheduler_adapter", None) is not None:
+        if compat_lmcache.scheduler_adapter(self) is not None:
             from lmi_server.kvcache.blend.scheduling import BlendScheduler
 
             self._blend_scheduler = BlendScheduler.from_vllm_config(config, vllm_config)
@@ -84,19 +86,7 @@ class GuardedLMCacheMPConnector(NamespacedLMCacheMPConnector):
         computed is what lets its store reach past the prefix hit. A later request on the same
         prefix (the next question on a document) then takes a prefix hit instead of blending the
         prompt again. A request that names its own ratio stores nothing there."""
-        tracker = self.request_trackers.get(request.request_id)
-        if tracker is None:
-            return
-        if tracker.num_lmcache_hit_tokens:
-            self.scheduler_adapter.free_lookup_locks(
-                token_ids=tracker.get_token_ids(), start=0, end=tracker.num_lmcache_hit_tokens,
-                request_id=request.request_id, cache_salt=tracker.cache_salt, request_configs=tracker.request_configs,
-            )
-        tracker.num_lmcache_hit_tokens = 0
-        if store:
-            tracker.num_scheduled_tokens = blended_tokens
-        else:
-            tracker.max_offload_tokens = 0
+        compat_lmcache.release_prefix_hit(self, request.request_id, blended_tokens, store=store)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         super().update_state_after_alloc(request, blocks, num_external_tokens)
@@ -123,18 +113,18 @@ class GuardedLMCacheMPConnector(NamespacedLMCacheMPConnector):
             from vllm.config import get_layers_from_vllm_config
             from vllm.model_executor.layers.attention import Attention
 
-            layers = get_layers_from_vllm_config(self._vllm_config, Attention, list(kv_caches))
+            layers = get_layers_from_vllm_config(compat_vllm.connector_vllm_config(self), Attention, list(kv_caches))
             self._blend_worker.register(kv_caches, layers)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         super().start_load_kv(forward_context, **kwargs)
-        jobs = getattr(self._get_connector_metadata(), "lmi_blend_jobs", None)
+        jobs = getattr(compat_vllm.connector_metadata(self), "lmi_blend_jobs", None)
         if self._blend_worker is not None and jobs:
             self._blend_worker.run([job for job in jobs if isinstance(job, BlendJob)])
 
     def wait_for_save(self) -> None:
         super().wait_for_save()
-        jobs = getattr(self._get_connector_metadata(), "lmi_blend_jobs", None)
+        jobs = getattr(compat_vllm.connector_metadata(self), "lmi_blend_jobs", None)
         if self._blend_worker is not None and jobs:
             self._blend_worker.run([job for job in jobs if isinstance(job, StoreJob)])
 
@@ -142,16 +132,4 @@ class GuardedLMCacheMPConnector(NamespacedLMCacheMPConnector):
 def guard_stores(adapter: Any) -> None:
     """Wrap the worker adapter's per-request store so that a timed-out store is logged and dropped
     (the same outcome as a store submitted while the server is known to be unhealthy)."""
-    submit = adapter.submit_store_request
-
-    def submit_store_request(request_id: str, *args: Any, **kwargs: Any) -> None:
-        try:
-            submit(request_id, *args, **kwargs)
-        except TimeoutError as exc:
-            if getattr(adapter, "lazy_offload", False):
-                # Lazy offload waits for one receipt per rank before it unpins the blocks.
-                adapter._completed_store_requests[request_id] = 1
-                adapter._failed_store_requests.add(request_id)
-            logger.warning("LMCache store for request %s dropped: %s", request_id, exc)
-
-    adapter.submit_store_request = submit_store_request
+    compat_lmcache.guard_worker_stores(adapter, logger)

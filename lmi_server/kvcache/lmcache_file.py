@@ -5,9 +5,7 @@ values this server translates are validated (`lmcache.py` turns them into the MP
 
 from __future__ import annotations
 
-import ast
 import difflib
-import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -15,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from lmi_server.compat import lmcache as compat_lmcache
 from lmi_server.kvcache.plan import KVCacheConfigError, RemoteTier
 
 
@@ -122,21 +121,8 @@ def parse_remote_url(url: str) -> RemoteTier:
 
 
 def lmcache_known_keys() -> frozenset[str]:
-    """Every key LMCache's in-process config defines, read (not imported: importing lmcache pulls
-    in torch) from `_CONFIG_DEFINITIONS` in the installed `lmcache/v1/config.py`."""
-    spec = importlib.util.find_spec("lmcache")
-    if spec is None or not spec.submodule_search_locations:
-        return frozenset()
-    path = Path(next(iter(spec.submodule_search_locations))) / "v1" / "config.py"
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError):
-        return frozenset()
-    for node in tree.body:
-        target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
-        if isinstance(target, ast.Name) and target.id == "_CONFIG_DEFINITIONS" and isinstance(node.value, ast.Dict):
-            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
-    return frozenset()
+    """Every key LMCache's in-process config defines (`compat.lmcache.config_keys`)."""
+    return compat_lmcache.config_keys()
 
 
 def _describe_error(err: dict[str, Any], model: type[BaseModel]) -> str:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmcache.integration.vllm import lmcache_mp_connector as _mp
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 
+from lmi_server.compat import lmcache as compat_lmcache
 from lmi_server.kvcache.namespace import EXTRA_CONFIG_KEY
 
 
@@ -47,9 +47,7 @@ def namespaced_model_name(original: Any) -> Any:
 
 def install() -> None:
     """Replace LMCache's model-name function once per process (idempotent)."""
-    current = _mp.get_dcp_decorated_model_name
-    if not getattr(current, "lmi_namespaced", False):
-        _mp.get_dcp_decorated_model_name = namespaced_model_name(current)
+    compat_lmcache.wrap_model_name(namespaced_model_name, "lmi_namespaced")
 
 
 class NamespacedLMCacheMPConnector(LMCacheMPConnector):

@@ -19,6 +19,7 @@ from lmi_server.api.context import Shape, begin
 from lmi_server.api.front_door import body_bytes, check_parts, send
 from lmi_server.api.openai.routes import parse_request
 from lmi_server.api.pipeline import Generation, call_serving, check_request, engine_state, read_checked, serve
+from lmi_server.compat import vllm as compat_vllm
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
@@ -45,12 +46,7 @@ def messages_call(serving: Any):
     messages = serving.anthropic_serving_messages
 
     async def call(request: Any, raw_request: Any) -> Any:
-        effort = "none"
-        if request.thinking is not None and request.thinking.type == "disabled":
-            effort = await messages._get_disabled_thinking_effort()
-        chat = messages.to_chat_completion_request(
-            request, merge_inline_system=messages._merge_inline_system, disabled_thinking_effort=effort,
-        )
+        chat = await compat_vllm.anthropic_chat_request(messages, request)
         return await messages.create_chat_completion(chat, raw_request)
 
     return call
@@ -65,9 +61,7 @@ def rendering(serving: Any) -> dict[str, Any]:
 
 
 def _image_url(source: Any) -> str | None:
-    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
-
-    return AnthropicServingMessages._convert_image_source_to_url(source) if isinstance(source, dict) else None
+    return compat_vllm.anthropic_image_url(source) if isinstance(source, dict) else None
 
 
 def content_parts(parsed: Any):

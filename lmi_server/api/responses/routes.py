@@ -21,6 +21,7 @@ from lmi_server.api.openai.routes import parse_request
 from lmi_server.api.pipeline import Generation, call_serving, engine_state, serve
 from lmi_server.api.respond import DoorFormatting
 from lmi_server.api.responses.formatting import format_stream, format_whole
+from lmi_server.compat import vllm as compat_vllm
 
 FORMATTING = DoorFormatting(whole=format_whole, stream=format_stream)
 """An adapter's output formatter sees the text as a chat answer (api/responses/formatting.py)."""
@@ -61,24 +62,19 @@ async def prompt_tokens(serving: Any, parsed: Any) -> int | None:
     cannot be rendered: vLLM's own call then reports why."""
     previous = None
     if parsed.previous_response_id is not None:
-        previous = serving.response_store.get(parsed.previous_response_id)
+        previous = compat_vllm.stored_response(serving, parsed.previous_response_id)
         if previous is None:
             return None
     probe = parsed.model_copy(update={"max_output_tokens": None})
     try:
-        rendered = await serving._render_resolved_response_inputs(probe, previous)
+        return await compat_vllm.responses_prompt_len(serving, probe, previous)
     except Exception:  # noqa: BLE001 - the real call raises it again, mapped to its 4xx
         return None
-    if type(rendered).__name__ == "ErrorResponse":
-        return None
-    return serving._extract_prompt_len(rendered.engine_input)
 
 
 async def sse_events(events):
     """vLLM's Responses stream events, encoded as its own server sends them."""
-    from vllm.entrypoints.openai.responses.api_router import _convert_stream_to_sse_events
-
-    async for text in _convert_stream_to_sse_events(events):
+    async for text in compat_vllm.responses_sse(events):
         yield text
 
 
