@@ -140,12 +140,13 @@ def plan_rings(engine_args: Mapping[str, Any], build: str | None, free_bytes: in
     return RingPlan(workers, broadcast, chunk, free_bytes, shrunk=True)
 
 
-def platform_of(env: Mapping[str, str] | None = None, *, sagemaker_model_dir: str = "/opt/ml/model",
-                dockerenv: str = "/.dockerenv") -> str:
-    """Where this server runs, for naming a fix that exists there: SageMaker (its variables, or its
-    model folder), Kubernetes, Docker, or a plain host."""
+def platform_of(env: Mapping[str, str] | None = None, *, dockerenv: str = "/.dockerenv") -> str:
+    """Where this server runs, for naming a fix that exists there: SageMaker (its variables,
+    lmi_server/sagemaker_env.py), Kubernetes, Docker, or a plain host."""
+    from lmi_server.sagemaker_env import on_sagemaker
+
     env = os.environ if env is None else env
-    if any(k.startswith("SAGEMAKER_") for k in env) or os.path.isdir(sagemaker_model_dir):
+    if on_sagemaker(env):
         return "sagemaker"
     if "KUBERNETES_SERVICE_HOST" in env:
         return "kubernetes"

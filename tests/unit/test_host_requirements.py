@@ -64,13 +64,12 @@ def test_rings_that_cannot_fit_are_refused_with_the_platforms_fix(platform, fix)
 
 def test_the_platform_is_read_from_its_environment(tmp_path):
     nowhere = str(tmp_path / "absent")
-    assert hr.platform_of({"SAGEMAKER_SAFE_PORT_RANGE": "20000-20999"}, sagemaker_model_dir=nowhere) == "sagemaker"
-    assert hr.platform_of({}, sagemaker_model_dir=str(tmp_path)) == "sagemaker"
-    assert hr.platform_of({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, sagemaker_model_dir=nowhere) == "kubernetes"
+    assert hr.platform_of({"SAGEMAKER_SAFE_PORT_RANGE": "20000-20999"}, dockerenv=nowhere) == "sagemaker"
+    assert hr.platform_of({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, dockerenv=nowhere) == "kubernetes"
     marker = tmp_path / "dockerenv"
     marker.write_text("")
-    assert hr.platform_of({}, sagemaker_model_dir=nowhere, dockerenv=str(marker)) == "docker"
-    assert hr.platform_of({}, sagemaker_model_dir=nowhere, dockerenv=nowhere) == "host"
+    assert hr.platform_of({}, dockerenv=str(marker)) == "docker"
+    assert hr.platform_of({}, dockerenv=nowhere) == "host"
 
 
 def test_the_plugin_gives_vllms_message_queue_the_chosen_chunk(monkeypatch):
