@@ -57,7 +57,7 @@ def main() -> int:
 
     model = str(ensure_demo_model())
     work = Path(tempfile.mkdtemp(prefix="bench-shm-"))
-    prompts = {1: 4, 8: 16} if args.quick else {1: 16, 8: 64}
+    prompts = {1: 4, 8: 16} if args.quick else {1: 8, 8: 32}
     both = servers(work, model)
     rows, ratios = [], []
     t0, load_start = time.monotonic(), os.getloadavg()

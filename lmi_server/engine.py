@@ -26,6 +26,7 @@ from lmi_server.config import host
 from lmi_server.config.model_kind import check_engine_kind
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.cpu_preload import plan_preload
+from lmi_server.runtime import cpu_quota
 from lmi_server.engine_errors import ErrorReports
 from lmi_server.host_requirements import vllm_build
 
@@ -48,6 +49,11 @@ TELEMETRY_OFF_ENV = {
 CPU_ENGINE_ENV = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
 
 
+def _world_size(cfg: ServingConfig) -> int:
+    args = cfg.engine_args
+    return max(1, int(args.get("tensor_parallel_size") or 1)) * max(1, int(args.get("pipeline_parallel_size") or 1))
+
+
 def engine_environment(
     cfg: ServingConfig, *, gpus: int | None = None, notes: list[str] | None = None
 ) -> dict[str, str]:
@@ -59,6 +65,7 @@ def engine_environment(
     gpus = host.gpu_count() if gpus is None else gpus
     if gpus == 0:
         env.update(CPU_ENGINE_ENV)
+        env.update(cpu_quota.omp_environment(_world_size(cfg), notes))
     preload = plan_preload(gpus=gpus)
     env.update(preload.environment())
     if preload.note is not None and notes is not None:

@@ -118,6 +118,32 @@ def test_sagemaker_serves_a_read_only_model_directory(cpu_image, tmp_path):
     assert tree(model) == before, "the server wrote into /opt/ml/model"
 
 
+def test_two_copies_side_by_side_each_within_its_own_limits(cpu_image):
+    """Two copies of the base model on one host, as SageMaker packs Inference Component copies: each
+    `docker run` with its own CPU quota and memory limit (and Docker's default /dev/shm). Both serve;
+    each binds its engine's threads to its quota and sizes its KV cache from its own memory limit,
+    not from the host's memory that the other copy also counts on."""
+    boxes = [c.Container(cpu_image, free_local_port(), options=["--cpus=1", "--memory=5g"]) for _ in range(2)]
+    try:
+        for box in boxes:
+            box.start()
+        ready = [box.wait_ready() for box in boxes]
+        for box in boxes:
+            client = OpenAI(base_url=box.base_url + "/v1", api_key="unused", timeout=300)
+            reply = client.chat.completions.create(
+                model="smollm2-135m-instruct", temperature=0, max_tokens=24,
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+            )
+            assert "Paris" in reply.choices[0].message.content
+            logs = box.logs()
+            assert "CPU quota 1 CPUs (cgroup cpu.max)" in logs, logs[-4000:]
+            assert "cgroup limit 5.00 GiB" in logs, logs[-4000:]
+        record("two_copies", {"ready_s": [round(r, 1) for r in ready], "cpus": 1, "memory": "5g"})
+    finally:
+        for box in boxes:
+            box.stop()
+
+
 SAGEMAKER_PYTHON = c.REPO / ".venv-sagemaker" / "bin" / "python"
 
 
