@@ -26,7 +26,7 @@ from lmi_server.config import host
 from lmi_server.config.model_kind import check_engine_kind
 from lmi_server.config.schema import ConfigError, ServingConfig
 from lmi_server.cpu_preload import plan_preload
-from lmi_server.runtime import cpu_quota
+from lmi_server import cpu_quota
 from lmi_server.engine_errors import ErrorReports
 from lmi_server.host_requirements import vllm_build
 

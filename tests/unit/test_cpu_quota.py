@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmi_server.runtime import cpu_quota as q
+from lmi_server import cpu_quota as q
 
 
 def test_cgroup_v2_quota_is_read(tmp_path):
