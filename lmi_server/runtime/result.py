@@ -52,6 +52,7 @@ class Runtime:
             "model": self.cfg.model.model_dump(),
             "model_kind": self.cfg.kind.describe(),
             "model_dir": str(self.cfg.model_dir),
+            "group": self.cfg.group.describe(self.engine_args) if self.cfg.group else None,
             "vllm_engine_args": self.engine_args,
             "vllm_frontend_args": self.frontend_args,
             "environment": self.env,
