@@ -26,6 +26,7 @@ from lmi_server.config.engine_values import (
     vllm_frontend_excluded,
 )
 from lmi_server.config.group import GroupPlan, apply_group, check_degrees, check_keys, plan_group
+from lmi_server.config.group_planner import check_cluster_holds_weights, group_hint
 from lmi_server.config.model_kind import ModelKind, decide_kind
 from lmi_server.config.lmi_compat import (
     EnvironmentReading,
@@ -320,25 +321,25 @@ def _coerce_frontend_args(frontend_raw: dict[str, str], problems: list[str]) -> 
 
 def _model_engine_args(
     engine_args: dict[str, Any], model: ResolvedModel, tp_requested: str | None, group: GroupPlan | None = None,
+    cluster_size: int | None = None,
 ) -> tuple[dict[str, str], ModelKind]:
     """Tensor parallelism, LMI's defaults and the model's kind, which depend on the resolved model
     (a built-in model's from its catalogue entry); returns (defaults applied, kind). In a group the
     degrees span every node (each node assumed to have this node's GPUs)."""
     builtin = catalogue.by_source(model.source)
-    node_gpus = (inventory := host.gpu_inventory()).count
-    inventory = group.inventory(inventory) if group is not None else inventory
+    node, path = host.gpu_inventory(), None if model.source in ("hub", "s3") else model.path_or_id
+    nodes = group.size if group is not None else cluster_size
+    if nodes is not None and (too_small := check_cluster_holds_weights(nodes, path, engine_args, node)):
+        raise ConfigError([too_small])
     tp = plan_tensor_parallel(
-        engine_args,
-        requested=tp_requested,
-        inventory=inventory,
-        model_path=None if model.source in ("hub", "s3") else model.path_or_id,
-        builtin=builtin is not None,
+        engine_args, requested=tp_requested, inventory=group.inventory(node) if group is not None else node,
+        model_path=path, builtin=builtin is not None,
     )
     if tp.problems:
-        raise ConfigError(tp.problems)
+        raise ConfigError([p + group_hint(path, engine_args, node) for p in tp.problems])
     if tp.degree is not None:
         engine_args["tensor_parallel_size"] = tp.degree
-    if group is not None and (group_problems := check_degrees(group, engine_args, node_gpus)):
+    if group is not None and (group_problems := check_degrees(group, engine_args, node.count)):
         raise ConfigError(group_problems)
     defaults = {"tensor_parallel_size": tp.why} if tp.why else {}
     defaults.update(apply_lmi_defaults(engine_args))
@@ -381,7 +382,7 @@ def build_serving_config(
     if group is not None:
         server, group_defaults = apply_group(group, engine_args, server)
         sections["server"] = server
-    defaults, kind = _model_engine_args(engine_args, model, tp_requested, group)
+    defaults, kind = _model_engine_args(engine_args, model, tp_requested, group, server.cluster_size)
     defaults.update(group_defaults)
     return ServingConfig(
         group=group,
