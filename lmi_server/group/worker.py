@@ -30,16 +30,18 @@ class _Status:
 
 
 def ping_server(host: str, port: int, status: _Status) -> ThreadingHTTPServer:
-    """/ping and /health: 200 once joined, 503 before (JSON saying which)."""
+    """/ping and /health: 200 once joined, 503 before (JSON saying which); /live: 200 while the process
+    runs (a worker that cannot join or loses its group ends itself)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            if self.path.split("?")[0] not in ("/ping", "/health"):
-                self.send_error(404, "a worker node serves /ping only; requests go to the group's leader")
+            path = self.path.split("?")[0]
+            if path not in ("/ping", "/health", "/live"):
+                self.send_error(404, "a worker node serves /ping, /health and /live only; requests go to the group's leader")
                 return
             body = json.dumps({"status": "joined" if status.joined else "joining", "role": "worker",
                                "rank": status.rank, "detail": status.detail}).encode()
-            self.send_response(200 if status.joined else 503)
+            self.send_response(200 if status.joined or path == "/live" else 503)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
