@@ -132,9 +132,18 @@ def plan_group(
     ), []
 
 
-def check_keys(plan: GroupPlan, engine_args: Mapping[str, Any]) -> list[str]:
-    """Engine arguments given beside the group that contradict it."""
+def check_keys(plan: GroupPlan, engine_args: Mapping[str, Any], lmcache: Any = None) -> list[str]:
+    """Engine arguments given beside the group that contradict it; LMCache, which a group cannot run:
+    vLLM runs the KV connector's worker side in every rank on every node, and the cache server this
+    server starts runs beside the leader only."""
     problems: list[str] = []
+    if lmcache is not None and (lmcache.lmcache_config_file or lmcache.lmcache_auto_config):
+        problems.append(
+            "option.lmcache_config_file / option.lmcache_auto_config (or an LMCache kv_transfer_config): not "
+            f"supported in a multi-node group ({plan.size} nodes): vLLM runs the KV connector in every rank, on "
+            "every node, and the LMCache cache server runs beside the leader only; remove them (vLLM's own "
+            "prefix cache still works)"
+        )
     backend = engine_args.get("distributed_executor_backend")
     if backend not in (None, *MULTI_NODE_BACKENDS):
         problems.append(

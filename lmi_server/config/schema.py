@@ -374,7 +374,7 @@ def build_serving_config(
     assert isinstance(server, ServerOptions)
     model = _resolve_model(model_dir, server, problems)
     group, group_problems = plan_group(server.cluster_size, environ or {}, master_port=engine_args.get("master_port"))
-    problems += group_problems + (check_keys(group, engine_args) if group else [])
+    problems += group_problems + (check_keys(group, engine_args, sections['lmcache']) if group else [])
     if problems:
         raise ConfigError(problems)
     engine_args.update(lmi.engine_args)

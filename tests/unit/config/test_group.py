@@ -128,3 +128,8 @@ def test_lmi_key_is_no_longer_not_applicable():
 
     assert "cluster_size" not in not_applicable_options()
     assert Path(__file__).parents[3].joinpath("docs", "multi-node.md").is_file()
+
+
+def test_lmcache_is_refused_in_a_group(cpu):
+    (found,) = refused("Llama-3.1-8B", {"option.cluster_size": "2", "option.lmcache_auto_config": "true"})
+    assert "not supported in a multi-node group" in found and "every node" in found
