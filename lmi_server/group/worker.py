@@ -4,7 +4,7 @@ Why: the nodes past the leader serve no HTTP API; they run their share of the en
 way `vllm serve --headless` does (vLLM's MultiprocExecutor for this node_rank, which connects to
 the leader's torch.distributed store at master_addr:master_port and to its queues). A readiness
 probe still needs an answer, so /ping (and /health) answer on the server's own port: 503 until
-this node has joined the engine, 200 after. The worker ends (non-zero, one line) when its ranks
+this node has joined the engine, 200 after; /live is 200 while it runs, as the leader's is. The worker ends (non-zero, one line) when its ranks
 die, when the leader is gone, or when it cannot join within option.model_loading_timeout.
 """
 
