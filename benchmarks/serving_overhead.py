@@ -47,7 +47,7 @@ def bench_serve(url: str, model: str, backend: str, endpoint: str, *, prompts: i
         "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
         "--ignore-eos", "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,itl,e2el",
         "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed",
-        "--result-dir", str(out.parent), "--result-filename", out.name,
+        "--result-dir", str(out.parent), "--result-filename", out.name, *extra,
     ]
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -48,8 +49,11 @@ def cmd_serve(args) -> int:
     cfg = _load(args)
     warn_if_unprotected(args.host, load_api_keys(cfg.security, cfg.model_dir))
     runtime = resolve_runtime(cfg, build_demo=True)
-    check_host(runtime.engine_args)
+    rings = check_host(runtime.engine_args)
     runtime.apply_environment()
+    if rings is not None:
+        os.environ.update(rings.environment())
+        (log.warning if rings.shrunk else log.info)("%s", rings.describe())
     runtime.log_start_up(log)
     if cfg.group is not None and cfg.group.role == "worker":
         from lmi_server.group.worker import run_worker

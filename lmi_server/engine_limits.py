@@ -90,29 +90,30 @@ class EngineLimits:
         if n > 1 and getattr(request, "stream", False) and echoes_logprobs(request):
             raise UnsupportedCombination(
                 f"echo with logprobs and n={n} cannot be streamed: vLLM sends the prompt's log-probabilities with "
-                "the first sequence only (see the README's known limits); send stream=false, or n=1",
+                "the first sequence only (see the known limits in docs/reliability.md); send stream=false, or n=1",
                 "stream",
             )
         if self.speculative_sampling_broken and samples(request):
             raise UnsupportedCombination(
                 "sampling (a temperature above 0; unset is the model's default, 1.0) is not supported with speculative "
                 "decoding (option.speculative_method / option.speculative_config) on a CPU engine: vLLM 0.32's CPU "
-                "rejection sampler leaves each request's temperature, top_p and top_k unset (see the README's known "
-                "limits); send temperature 0 (greedy; LMI: do_sample false), or serve without speculative decoding",
+                "rejection sampler leaves each request's temperature, top_p and top_k unset (see the known limits in "
+                "docs/reliability.md); send temperature 0 (greedy; LMI: do_sample false), or serve without speculative decoding",
                 "temperature",
             )
         if self.lora and n > 1 and asks_prompt_logprobs(request):
             raise UnsupportedCombination(
                 f"prompt log-probabilities (prompt_logprobs, decoder_input_details, or echo with logprobs) with n={n} "
                 "are not supported while option.enable_lora=true: vLLM computes them for one sequence at a time only "
-                "(see the README's known limits); send n=1, or n requests",
+                "(see the known limits in docs/reliability.md); send n=1, or n requests",
                 "n",
             )
         if self.seeded_sampling_dies and samples_with_seed(request):
             raise UnsupportedCombination(
                 "seed with sampling (a temperature above 0) is not supported on this CPU engine while "
                 "option.enable_chunked_prefill=true: vLLM 0.32 cannot rewind a CPU random generator for a prompt "
-                "prefilled in parts (see the README's known limits); leave option.enable_chunked_prefill unset "
+                "prefilled in parts (see the known limits in docs/reliability.md); leave option.enable_chunked_prefill "
+                "unset "
                 "(prompts are then prefilled whole), or send no seed, or temperature 0",
                 "seed",
             )

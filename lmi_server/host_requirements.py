@@ -1,4 +1,5 @@
-"""What the host must give the engine before it starts: an accelerator for a GPU build, room in /dev/shm.
+"""What the host must give the engine before it starts: an accelerator for a GPU build, room in /dev/shm
+for vLLM's message rings (sized to fit by lmi_server/shm_rings.py).
 
 Why: both faults otherwise surface minutes later inside vLLM's engine processes (a GPU build on a
 host without a GPU fails with "Failed to infer device type"; Docker's default 64 MiB /dev/shm makes
@@ -16,21 +17,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from lmi_server.shm_rings import RingPlan, RingsDoNotFit, plan_rings, platform_of
+
 MIB = 1 << 20
-# vLLM 0.32's multiprocess executor (always used on CPU hosts, and on GPUs beyond one worker) makes
-# two shared-memory rings: the scheduler's broadcast ring (VLLM_MQ_MAX_CHUNK_BYTES_MB x 10 chunks)
-# and one response ring per worker (24 MiB x 10 chunks, fixed in vLLM's MessageQueue).
-MQ_CHUNKS = 10
-DEFAULT_MQ_CHUNK_MB = 16
-RESPONSE_RING_BYTES = 24 * MIB * MQ_CHUNKS
-# Room for the rings' metadata, torch's own shared tensors and Python's multiprocessing.
-SHM_MARGIN_BYTES = 32 * MIB
 # vLLM 0.32's CUDA wheels are CUDA 13.0 builds.
 MIN_NVIDIA_DRIVER = 580
 
 SHM_FIX = (
     "run the container with --shm-size=1g (or --ipc=host); on Kubernetes mount an emptyDir "
-    "with medium: Memory at /dev/shm"
+    "with medium: Memory at /dev/shm; on SageMaker lower option.tensor_parallel_degree"
 )
 
 
@@ -53,27 +48,6 @@ def vllm_build() -> str | None:
     return None
 
 
-def world_size(engine_args: dict[str, Any]) -> int:
-    tp = int(engine_args.get("tensor_parallel_size") or 1)
-    pp = int(engine_args.get("pipeline_parallel_size") or 1)
-    return max(1, tp) * max(1, pp)
-
-
-def engine_shm_bytes(engine_args: dict[str, Any], build: str | None, env: dict[str, str] | None = None) -> int:
-    """Bytes of /dev/shm the engine's executor needs (0 when it runs its worker in-process)."""
-    env = os.environ if env is None else env
-    workers = world_size(engine_args)
-    backend = engine_args.get("distributed_executor_backend")
-    multiprocess = build == "cpu" or backend == "mp" or (workers > 1 and backend in (None, "mp"))
-    if not multiprocess:
-        return 0
-    try:
-        chunk_mb = int(env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB") or DEFAULT_MQ_CHUNK_MB)
-    except ValueError:
-        chunk_mb = DEFAULT_MQ_CHUNK_MB
-    return chunk_mb * MIB * MQ_CHUNKS + workers * RESPONSE_RING_BYTES + SHM_MARGIN_BYTES
-
-
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:
     if not os.path.isdir(path):
         return None
@@ -83,18 +57,16 @@ def shm_free_bytes(path: str = "/dev/shm") -> int | None:
         return None
 
 
-def check_shared_memory(engine_args: dict[str, Any], build: str | None, *, shm_path: str = "/dev/shm",
-                        free_bytes: int | None = None, env: dict[str, str] | None = None) -> str | None:
-    """The problem with /dev/shm, or None."""
-    need = engine_shm_bytes(engine_args, build, env)
+def plan_shared_memory(engine_args: dict[str, Any], build: str | None, *, shm_path: str = "/dev/shm",
+                       free_bytes: int | None = None, env: dict[str, str] | None = None,
+                       platform: str | None = None) -> RingPlan | None:
+    """vLLM's message rings sized to this host's /dev/shm (None: the engine makes none); raises
+    HostRequirementError where even the smallest rings cannot fit, naming this platform's fix."""
     free = shm_free_bytes(shm_path) if free_bytes is None else free_bytes
-    if need == 0 or free is None or free >= need:
-        return None
-    workers = world_size(engine_args)
-    return (
-        f"{shm_path} has {free / MIB:.0f} MiB free; vLLM's engine needs {need / MIB:.0f} MiB of shared "
-        f"memory for its message rings ({workers} worker{'s' if workers > 1 else ''}): {SHM_FIX}"
-    )
+    try:
+        return plan_rings(engine_args, build, free, env, platform or platform_of(env))
+    except RingsDoNotFit as exc:
+        raise HostRequirementError(str(exc)) from None
 
 
 def visible_nvidia_gpus() -> int:
@@ -153,9 +125,11 @@ def check_accelerator(build: str | None, *, gpus: int | None = None, driver: int
     return None
 
 
-def check_host(engine_args: dict[str, Any]) -> None:
-    """Raise HostRequirementError naming the first thing this host lacks for the engine."""
+def check_host(engine_args: dict[str, Any]) -> RingPlan | None:
+    """Raise HostRequirementError naming the first thing this host lacks for the engine; else the
+    plan for vLLM's message rings on this host's /dev/shm."""
     build = vllm_build()
-    for problem in (check_accelerator(build), check_shared_memory(engine_args, build)):
-        if problem:
-            raise HostRequirementError(problem)
+    problem = check_accelerator(build)
+    if problem:
+        raise HostRequirementError(problem)
+    return plan_shared_memory(engine_args, build)

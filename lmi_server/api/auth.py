@@ -141,7 +141,7 @@ def warn_if_unprotected(host: str, keys: list[str]) -> bool:
         return False
     log.warning(
         "no API key is configured and the server listens on %s: every route is open to anyone who can "
-        "reach this port; set option.api_key or option.api_key_file (see README, Security)",
+        "reach this port; set option.api_key or option.api_key_file (see docs/security.md)",
         host,
     )
     return True

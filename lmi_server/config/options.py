@@ -1,6 +1,7 @@
 """Every `option.*` section that is ours, in one place and one form: a frozen pydantic model per
 section whose field names are the option keys (without `option.`), with type, default and
-description. `SECTIONS` lists them; `lmi-server options` prints the README's table from it.
+description. `SECTIONS` lists them; `lmi-server options` prints their table, and the docs' configuration
+reference is generated from them.
 vLLM's own engine arguments are not here: they come from `vllm_engine_args.json`.
 """
 
@@ -179,7 +180,7 @@ class LMCacheOptions(BaseModel):
         "(the LMCache file's `enable_blending`); documents are found in ordinary prompts by their content, no "
         "separator needed. Needs LMCache in MP mode and a Llama, Qwen2 or Qwen3 model; works beside vLLM's own "
         "prefix caching (a blend starts where vLLM's prefix hit ends) and cannot be combined with speculative "
-        "decoding. See the README's CacheBlend section for what it costs in quality.",
+        "decoding. See the LMCache page's CacheBlend section (docs/lmcache.md) for what it costs in quality.",
     )
     lmcache_blend_separator: str = Field(
         " # # ", min_length=1,
@@ -201,7 +202,7 @@ class LMCacheOptions(BaseModel):
         "not held exactly goes through first), `epic` (the first option.lmcache_blend_epic_tokens tokens of each "
         "run of reused tokens, no check layer: cheaper) or `guided` (the share option.lmcache_blend_recompute_ratio "
         "of those the question attends to most, found by a pass of the tokens not reused; no check layer). See the "
-        "README's CacheBlend section for speed and quality. "
+        "LMCache page's CacheBlend section (docs/lmcache.md) for speed and quality. "
         "A request may name its own: `kv_transfer_params.lmi_blend_mode`.",
     )
     lmcache_blend_epic_tokens: int = Field(

@@ -79,7 +79,7 @@ def _here(entry: LmiKey) -> str:
 
 
 def lmi_keys_markdown() -> str:
-    """The README's table of LMI's keys and environment variables, from `lmi_keys.json`."""
+    """The docs' table of LMI's keys and environment variables, from `lmi_keys.json`."""
     lines = [LMI_TABLE_BEGIN, "", "| LMI name | kind | what LMI means | here |", "|---|---|---|---|"]
     for entry in lmi_keys():
         cells = [f"`{entry.name}`", _KIND[entry.kind], entry.meaning, _here(entry)]

@@ -11,7 +11,7 @@ from lmi_server.admission.policy import POLICIES, default_reserved_slots  # noqa
 
 
 class TenantOptions(BaseModel):
-    """Tenants, fair admission, priorities and per-tenant rate limits (see README, Tenants)."""
+    """Tenants, fair admission, priorities and per-tenant rate limits (see docs/tenants.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

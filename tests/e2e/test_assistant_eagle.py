@@ -1,4 +1,4 @@
-"""The README's speculative-decoding example on the embedded assistant: `option.speculative_method=eagle`
+"""The speculative-decoding example (docs/speculative.md) on the embedded assistant: `option.speculative_method=eagle`
 and nothing else uses the EAGLE head shipped for SmolLM2-135M-Instruct, drafts are accepted, and
 the greedy answer stays a real one. That server is the session's `assistant_eagle`
 (tests/e2e/conftest.py), which tests/e2e/test_speculative.py takes over next; the EAGLE-3 server is

