@@ -1,6 +1,7 @@
 """A two-node group on one host: two real `lmi-server serve` processes on loopback, each with its
-LeaderWorkerSet variables, running the demo model as one vLLM engine with pipeline parallelism 2
-(vLLM's multiprocessing backend across processes; its CPU backend's torch.distributed is gloo).
+LeaderWorkerSet variables, running the demo model as one vLLM engine with pipeline parallelism 2,
+and with tensor parallelism 2 (vLLM's multiprocessing backend across processes; its CPU backend's
+torch.distributed is gloo).
 
 - greedy answers identical to a one-node server of the same model (chat, /invocations, streaming);
 - the worker answers /ping 503 until it has joined, 200 after;
@@ -98,6 +99,19 @@ def test_two_node_group_answers_as_one_node_and_fails_as_a_group(one_node, tmp_p
         assert ended_s < LOST_RANK_BOUND_S, ended_s
         assert "group lost rank 1 (the node with LWS_WORKER_INDEX=1)" in leader.log_path.read_text()
         print(json.dumps({"group_formed_s": round(formed_s, 1), "leader_exit_after_worker_kill_s": round(ended_s, 2)}))
+    finally:
+        leader.stop()
+        worker.stop()
+
+
+def test_tensor_parallel_2_across_two_nodes_answers_as_one_node(one_node, tmp_path):
+    """vLLM's CPU backend also splits tensors across the two processes (gloo all-reduce)."""
+    props = {**PROPS, "option.tensor_parallel_degree": "2", "option.pipeline_parallel_degree": "1"}
+    leader, worker = group(tmp_path, "tp", props)
+    try:
+        worker.wait_ready(900)
+        leader.wait_ready(900)
+        assert answers(leader.base_url) == one_node
     finally:
         leader.stop()
         worker.stop()
