@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_server.config.host import GIB, MIB, GpuInventory
-from lmi_server.config.tensor_parallel import Fit, _fit, read_model_config
+from lmi_server.config.tensor_parallel import Fit, fit_for, read_model_config
 from lmi_server.config.tp_rules import ShardShape
 from lmi_server.config.weights import model_weight_size, text_config
 
@@ -93,7 +93,7 @@ def plan_nodes(config: Mapping[str, Any], engine_args: Mapping[str, Any], node: 
                model_dir: Path | None = None) -> NodesPlan | None:
     """The smallest group of `node`s that holds the weights; None where the weights' size is unknown."""
     weights = model_weight_size(model_dir, config, engine_args)
-    fit = _fit(engine_args, node, weights)
+    fit = fit_for(engine_args, node, weights)
     if fit is None:
         return None
     shape = ShardShape.from_config(config, engine_args)
