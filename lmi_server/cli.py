@@ -57,6 +57,14 @@ def cmd_serve(args) -> int:
         os.environ.update(rings.environment())
         (log.warning if rings.shrunk else log.info)("%s", rings.describe())
     runtime.log_start_up(log)
+    if cfg.group is not None and cfg.group.role == "worker":
+        from lmi_server.group.worker import run_worker
+
+        return run_worker(cfg, runtime, args.host, args.port)
+    if cfg.group is not None:
+        from lmi_server.group.leader import watch_group
+
+        watch_group(cfg.group, float(cfg.server.model_loading_timeout))
     if runtime.engine_memory:
         log.info(
             "engine KV cache %.2f GiB, chosen from this host: %s",

@@ -61,7 +61,14 @@ class ServerOptions(BaseModel):
         description="CPU backend only: the engine's KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE).",
     )
     model_loading_timeout: int = Field(
-        3600, gt=0, description="Seconds the engine may take to start before start-up fails (LMI key)."
+        3600, gt=0, description="Seconds the engine may take to start before start-up fails (LMI key); in a "
+        "multi-node group also the time the group may take to form."
+    )
+    cluster_size: int | None = Field(
+        None, ge=1,
+        description="Nodes of a multi-node group (LMI key): one vLLM engine over all of them, node 0 (the leader) "
+        "serving HTTP, the others vLLM's headless workers. Default: LWS_GROUP_SIZE under a LeaderWorkerSet, else 1. "
+        "See docs/multi-node.md.",
     )
     tgi_compat: bool = Field(
         False,

@@ -25,6 +25,8 @@ from lmi_server.config.engine_values import (
     vllm_frontend_arg_table,
     vllm_frontend_excluded,
 )
+from lmi_server.config.group import GroupPlan, apply_group, check_degrees, check_keys, plan_group
+from lmi_server.config.group_planner import check_cluster_holds_weights, group_hint
 from lmi_server.config.model_kind import ModelKind, decide_kind
 from lmi_server.config.lmi_compat import (
     EnvironmentReading,
@@ -137,6 +139,8 @@ class ServingConfig(BaseModel):
     sessions: SessionOptions
     security: SecurityOptions = Field(default_factory=SecurityOptions)
     tenants: TenantOptions = Field(default_factory=TenantOptions)
+    group: GroupPlan | None = None
+    """This node's part in a multi-node group (option.cluster_size / LeaderWorkerSet); None: one node."""
     not_applicable: dict[str, str] = Field(default_factory=dict)
     translated: dict[str, str] = Field(default_factory=dict)
     """LMI keys and environment variables turned into this server's settings: name -> what it became."""
@@ -315,21 +319,28 @@ def _coerce_frontend_args(frontend_raw: dict[str, str], problems: list[str]) -> 
     return frontend_args
 
 
-def _model_engine_args(engine_args: dict[str, Any], model: ResolvedModel, tp_requested: str | None) -> tuple[dict[str, str], ModelKind]:
+def _model_engine_args(
+    engine_args: dict[str, Any], model: ResolvedModel, tp_requested: str | None, group: GroupPlan | None = None,
+    cluster_size: int | None = None,
+) -> tuple[dict[str, str], ModelKind]:
     """Tensor parallelism, LMI's defaults and the model's kind, which depend on the resolved model
-    (a built-in model's from its catalogue entry); returns (defaults applied, kind)."""
+    (a built-in model's from its catalogue entry); returns (defaults applied, kind). In a group the
+    degrees span every node (each node assumed to have this node's GPUs)."""
     builtin = catalogue.by_source(model.source)
+    node, path = host.gpu_inventory(), None if model.source in ("hub", "s3") else model.path_or_id
+    nodes = group.size if group is not None else cluster_size
+    if nodes is not None and (too_small := check_cluster_holds_weights(nodes, path, engine_args, node)):
+        raise ConfigError([too_small])
     tp = plan_tensor_parallel(
-        engine_args,
-        requested=tp_requested,
-        inventory=host.gpu_inventory(),
-        model_path=None if model.source in ("hub", "s3") else model.path_or_id,
-        builtin=builtin is not None,
+        engine_args, requested=tp_requested, inventory=group.inventory(node) if group is not None else node,
+        model_path=path, builtin=builtin is not None,
     )
     if tp.problems:
-        raise ConfigError(tp.problems)
+        raise ConfigError([p + group_hint(path, engine_args, node) for p in tp.problems])
     if tp.degree is not None:
         engine_args["tensor_parallel_size"] = tp.degree
+    if group is not None and (group_problems := check_degrees(group, engine_args, node.count)):
+        raise ConfigError(group_problems)
     defaults = {"tensor_parallel_size": tp.why} if tp.why else {}
     defaults.update(apply_lmi_defaults(engine_args))
     reads_files = model.source == "local" or (builtin is not None and builtin.reads_own_files)
@@ -362,11 +373,19 @@ def build_serving_config(
     server = sections["server"]
     assert isinstance(server, ServerOptions)
     model = _resolve_model(model_dir, server, problems)
+    group, group_problems = plan_group(server.cluster_size, environ or {}, master_port=engine_args.get("master_port"))
+    problems += group_problems + (check_keys(group, engine_args, sections['lmcache']) if group else [])
     if problems:
         raise ConfigError(problems)
     engine_args.update(lmi.engine_args)
-    defaults, kind = _model_engine_args(engine_args, model, tp_requested)
+    group_defaults: dict[str, str] = {}
+    if group is not None:
+        server, group_defaults = apply_group(group, engine_args, server)
+        sections["server"] = server
+    defaults, kind = _model_engine_args(engine_args, model, tp_requested, group, server.cluster_size)
+    defaults.update(group_defaults)
     return ServingConfig(
+        group=group,
         model_dir=model_dir,
         model=model,
         kind=kind,

@@ -95,7 +95,9 @@ class Fit:
         )
 
 
-def _fit(engine_args: Mapping[str, Any], inventory: GpuInventory, weights: WeightSize | None) -> Fit | None:
+def fit_for(engine_args: Mapping[str, Any], inventory: GpuInventory, weights: WeightSize | None) -> Fit | None:
+    """The weights against one GPU of the inventory (usable memory after the reserve); None when
+    either is unknown."""
     if weights is None or not inventory.memory_bytes_each:
         return None
     utilization = float(engine_args.get("gpu_memory_utilization") or DEFAULT_GPU_MEMORY_UTILIZATION)
@@ -131,7 +133,7 @@ def plan_tensor_parallel(
     pipeline = int(engine_args.get("pipeline_parallel_size") or 1)
     data = int(engine_args.get("data_parallel_size") or 1)
     weights = model_weight_size(Path(model_path) if model_path else None, config, engine_args) if config else None
-    fit = _fit(engine_args, inventory, weights) if inventory.count else None
+    fit = fit_for(engine_args, inventory, weights) if inventory.count else None
     if given is not None:
         return _check_given(int(given), engine_args, shape, inventory, pipeline, fit)
     return _choose(requested, shape, inventory, pipeline, data, fit)

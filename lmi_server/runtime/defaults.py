@@ -25,7 +25,13 @@ def builtin_defaults(cfg: ServingConfig, engine_args: dict[str, Any], notes: lis
     entry = catalogue.by_source(cfg.model.source)
     if entry is None or host.gpu_count() > 0:
         return
-    if entry.cpu_eager and "enforce_eager" not in engine_args and "compilation_config" not in engine_args:
+    pipelined = int(engine_args.get("pipeline_parallel_size") or 1) > 1
+    if entry.cpu_eager and pipelined and "enforce_eager" not in engine_args:
+        # vLLM 0.32's CPU engine core dies on the first request in eager mode under pipeline
+        # parallelism (KeyError in Scheduler.update_from_output; docs/multi-node.md).
+        notes.append("built-in model on a CPU host with pipeline parallelism: compiled (eager mode kills vLLM 0.32's "
+                     "CPU engine on the first request under pipeline parallelism)")
+    elif entry.cpu_eager and "enforce_eager" not in engine_args and "compilation_config" not in engine_args:
         engine_args["enforce_eager"] = True
         notes.append("built-in model on a CPU host: enforce_eager=true (set option.enforce_eager=false to compile)")
     if entry.cpu_dtype is not None and engine_args.get("dtype") in (None, "auto"):

@@ -47,11 +47,22 @@ class Runtime:
         for warning in self.kv_plan.warnings if self.kv_plan is not None else ():
             log.warning("LMCache: %s", warning)
 
+    def _nodes_needed(self) -> list[dict[str, Any]] | None:
+        """Nodes of 8 x H100 80GB and of 8 x H200 141GB the model needs, with the degrees (docs/multi-node.md)."""
+        from lmi_server.config.group_planner import nodes_needed
+
+        if self.cfg.model.source != "local":
+            return None
+        args = {k: v for k, v in self.engine_args.items() if k not in ("tensor_parallel_size", "pipeline_parallel_size")}
+        return nodes_needed(self.cfg.model.path_or_id, args)
+
     def describe(self) -> dict[str, Any]:
         return {
             "model": self.cfg.model.model_dump(),
             "model_kind": self.cfg.kind.describe(),
             "model_dir": str(self.cfg.model_dir),
+            "group": self.cfg.group.describe(self.engine_args) if self.cfg.group else None,
+            "nodes_needed": self._nodes_needed(),
             "vllm_engine_args": self.engine_args,
             "vllm_frontend_args": self.frontend_args,
             "environment": self.env,

@@ -42,7 +42,10 @@ KUBE_VERSIONS = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
 CASES = {"default": None, "cpu": CHART / "values-cpu.yaml"} | {
     p.name.removesuffix("-values.yaml"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))
 }
-CUSTOM_KINDS = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "PodMonitor")}
+CUSTOM_KINDS = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "PodMonitor"),
+                ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")}
+# Multi-node groups (tests/integration/test_helm_multinode.py): rendered besides the matrix.
+MULTI_NODE = {"multiNode": {"enabled": True, "size": 2}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,8 +175,8 @@ def test_the_matrix_covers_every_template_and_kind():
     }
     templates = {p.name for p in (CHART / "templates").glob("*.yaml")}
     names = set()
-    for case in CASES:
-        files = helm.Chart.load(str(CHART)).render(case_values(case), name=RELEASE, namespace=NAMESPACE, is_install=True)
+    for values in [case_values(case) for case in CASES] + [MULTI_NODE]:
+        files = helm.Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
         names |= {Path(p).name for p, text in files.items() if p.endswith(".yaml") and any(yaml.safe_load_all(text))}
     assert templates <= names, f"templates never rendered by the matrix: {sorted(templates - names)}"
 

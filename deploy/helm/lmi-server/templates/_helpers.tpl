@@ -28,6 +28,27 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The pods that serve HTTP: every server pod, or only the leaders of multi-node groups (LeaderWorkerSet
+labels the leader worker-index 0); the Service, the router and the PodMonitor select these. */}}
+{{- define "lmi.servingLabels" -}}
+{{ include "lmi.selectorLabels" (dict "root" . "component" "server") }}
+{{- if .Values.multiNode.enabled }}
+leaderworkerset.sigs.k8s.io/worker-index: "0"
+{{- end }}
+{{- end -}}
+
+{{/* What the autoscaler scales: the server Deployment, or the LeaderWorkerSet (one replica per group). */}}
+{{- define "lmi.scaleTarget" -}}
+{{- if .Values.multiNode.enabled -}}
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+{{- else -}}
+apiVersion: apps/v1
+kind: Deployment
+{{- end }}
+name: {{ include "lmi.component" (dict "root" . "name" "server") }}
+{{- end -}}
+
 {{- define "lmi.labels" -}}
 {{ include "lmi.selectorLabels" . }}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -163,7 +184,7 @@ port: {{ last $hostport }}
 - {{ $r.port | quote }}
 - --service-discovery
 - --selector
-{{- range $k, $val := (include "lmi.selectorLabels" (dict "root" . "component" "server") | fromYaml) }}
+{{- range $k, $val := (include "lmi.servingLabels" . | fromYaml) }}
 - {{ printf "%s=%s" $k $val }}
 {{- end }}
 - --service-discovery-port
