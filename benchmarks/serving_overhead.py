@@ -38,7 +38,7 @@ ORDER = ("lmi-server", "vllm", "vllm", "lmi-server")
 
 
 def bench_serve(url: str, model: str, backend: str, endpoint: str, *, prompts: int, concurrency: int,
-                input_len: int, output_len: int, seed: int, out: Path) -> dict:
+                input_len: int, output_len: int, seed: int, out: Path, extra: list[str] | tuple[str, ...] = ()) -> dict:
     """One `vllm bench serve` run (benchmarks/bench_serve.py); its detailed JSON result."""
     argv = [
         sys.executable, str(REPO / "benchmarks" / "bench_serve.py"),
