@@ -85,7 +85,8 @@ def multiprocess_workers(engine_args: Mapping[str, Any], build: str | None) -> i
     """Workers of vLLM's multiprocess executor for these engine arguments; 0 when it is not used."""
     tp = max(1, int(engine_args.get("tensor_parallel_size") or 1))
     pp = max(1, int(engine_args.get("pipeline_parallel_size") or 1))
-    workers = tp * pp
+    nodes = max(1, int(engine_args.get("nnodes") or 1))  # a multi-node group: this node's share of the ranks
+    workers = max(1, tp * pp // nodes)
     backend = engine_args.get("distributed_executor_backend")
     if backend in ("ray", "external_launcher"):
         return 0

@@ -40,6 +40,12 @@ def test_tensor_parallel_shares_the_room_between_its_rings():
     assert plan.broadcast_chunk_mb == plan.response_chunk_mb == 8
 
 
+def test_a_node_of_a_group_makes_rings_for_its_own_ranks_only():
+    plan = hr.plan_shared_memory({"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "nnodes": 2}, "cuda",
+                                 free_bytes=8192 * MIB, env={})
+    assert plan.workers == 8
+
+
 def test_a_chunk_the_user_set_is_kept():
     plan = hr.plan_shared_memory({}, "cpu", free_bytes=64 * MIB, env={"VLLM_MQ_MAX_CHUNK_BYTES_MB": "1"})
     assert plan.broadcast_chunk_mb == 1 and plan.response_chunk_mb == 4
