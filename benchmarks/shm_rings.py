@@ -4,15 +4,17 @@ chunks, lmi_server/shm_rings.py), measured with vLLM's own serving benchmark (`v
 
 Both servers run at the same time with identical settings; the small one has a tmpfs of 64 MiB at
 /dev/shm in a mount namespace of its own (`unshare -m`, root). For each concurrency (1, 8) and each
-route (chat, and completions with prompt log-probabilities: the largest messages an engine step
-makes) the runs go A B B A with a pause between, fresh seeded prompts per pair.
+route (chat, completions) the runs go A B B A with a pause between, fresh seeded prompts per pair.
 
-    python benchmarks/shm_rings.py [--quick]
+    python benchmarks/shm_rings.py [--quick] [--routes chat,completions] [--reuse DIR]
+
+--reuse DIR summarises the per-run results a run left in DIR instead of running again.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -27,6 +29,7 @@ from benchmarks.serving_overhead import bench_serve, pooled  # noqa: E402
 LEVELS = (1, 8)
 ORDER = ("default", "64mib", "64mib", "default")
 ROUTES = {"chat": ("openai-chat", "/v1/chat/completions"), "completions": ("openai", "/v1/completions")}
+# (prompt log-probabilities, the largest messages, cannot be streamed: vllm bench serve streams)
 
 
 def servers(work: Path, model: str) -> dict[str, Server]:
@@ -51,7 +54,12 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--pause-s", type=float, default=3.0)
+    ap.add_argument("--routes", default="chat,completions")
+    ap.add_argument("--reuse", type=Path, default=None, help="a run's folder: summarise its per-run results")
     args = ap.parse_args()
+    routes = {r: ROUTES[r] for r in args.routes.split(",") if r}
+    if args.reuse is not None:
+        return summarise(args, routes, args.reuse, {}, os.getloadavg(), time.monotonic(), run=None)
 
     from lmi_server.demo.builder import ensure_demo_model
 
@@ -59,7 +67,6 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-shm-"))
     prompts = {1: 4, 8: 16} if args.quick else {1: 8, 8: 32}
     both = servers(work, model)
-    rows, ratios = [], []
     t0, load_start = time.monotonic(), os.getloadavg()
     with both["default"], both["64mib"]:
         log = (work / "64mib.log").read_text()
@@ -67,32 +74,47 @@ def main() -> int:
         for name, server in both.items():  # warm-up
             bench_serve(server.url, model, "openai-chat", "/v1/chat/completions", prompts=16, concurrency=8,
                         input_len=args.input_len, output_len=8, seed=0, out=work / f"warmup-{name}.json")
-        seed = 1
-        for route, (backend, endpoint) in ROUTES.items():
-            for c in LEVELS:
-                runs: dict[str, list[dict]] = {"default": [], "64mib": []}
-                for i, name in enumerate(ORDER):
-                    time.sleep(args.pause_s)
-                    load = os.getloadavg()[0]
-                    extra = ["--extra-body", '{"prompt_logprobs": 5}'] if route == "completions" else []
-                    result = bench_serve(both[name].url, model, backend, endpoint, prompts=prompts[c], concurrency=c,
-                                         input_len=args.input_len, output_len=args.output_len, seed=seed + i // 2,
-                                         out=work / f"{route}-{c}-{i}-{name}.json", extra=extra)
-                    result["load_average_1m"] = load
-                    runs[name].append(result)
-                seed += 2
-                for name in both:
-                    row = {"route": route, "rings": name, "concurrency": c, **pooled(runs[name])}
-                    rows.append(row)
-                    print(f"{route:11s} {name:8s} c={c} tok/s={row['output_tokens_per_s']:7.1f} "
-                          f"ttft={row['ttft_mean_s'] * 1000:7.1f} ms itl={row['itl_mean_s'] * 1000:6.2f} ms "
-                          f"failed={row['failed']}", flush=True)
-                small, big = rows[-1], rows[-2]
-                ratios.append({"route": route, "concurrency": c,
-                               "throughput_64mib_over_default": small["output_tokens_per_s"] / big["output_tokens_per_s"],
-                               "ttft_64mib_over_default": small["ttft_mean_s"] / big["ttft_mean_s"],
-                               "itl_64mib_over_default": small["itl_mean_s"] / big["itl_mean_s"]})
+
+        def run(route: str, c: int, i: int, name: str, seed: int) -> None:
+            backend, endpoint = ROUTES[route]
+            time.sleep(args.pause_s)
+            load = os.getloadavg()[0]
+            result = bench_serve(both[name].url, model, backend, endpoint, prompts=prompts[c], concurrency=c,
+                                 input_len=args.input_len, output_len=args.output_len, seed=seed,
+                                 out=work / f"{route}-{c}-{i}-{name}.json")
+            result["load_average_1m"] = load
+            (work / f"{route}-{c}-{i}-{name}.json").write_text(json.dumps(result))
+
         starts = {name: s.start_s for name, s in both.items()}
+        return summarise(args, routes, work, starts, load_start, t0, run=run)
+
+
+def summarise(args, routes: dict, work: Path, starts: dict, load_start, t0: float, run) -> int:
+    """Run (or, without `run`, read back) every route x concurrency x A B B A, then pool and save."""
+    rows, ratios = [], []
+    seed = 1
+    for route in routes:
+        for c in LEVELS:
+            runs: dict[str, list[dict]] = {"default": [], "64mib": []}
+            for i, name in enumerate(ORDER):
+                if run is not None:
+                    run(route, c, i, name, seed + i // 2)
+                result = json.loads((work / f"{route}-{c}-{i}-{name}.json").read_text())
+                result.setdefault("load_average_1m", None)  # a reused run from before loads were kept
+                runs[name].append(result)
+            seed += 2
+            for name in ("default", "64mib"):
+                row = {"route": route, "rings": name, "concurrency": c, **pooled(runs[name])}
+                rows.append(row)
+                print(f"{route:11s} {name:8s} c={c} tok/s={row['output_tokens_per_s']:7.1f} "
+                      f"ttft={row['ttft_mean_s'] * 1000:7.1f} ms itl={row['itl_mean_s'] * 1000:6.2f} ms "
+                      f"failed={row['failed']}", flush=True)
+            small, big = rows[-1], rows[-2]
+            ratios.append({"route": route, "concurrency": c,
+                           "throughput_64mib_over_default": small["output_tokens_per_s"] / big["output_tokens_per_s"],
+                           "ttft_64mib_over_default": small["ttft_mean_s"] / big["ttft_mean_s"],
+                           "itl_64mib_over_default": small["itl_mean_s"] / big["itl_mean_s"]})
+    prompts = {1: 4, 8: 16} if args.quick else {1: 8, 8: 32}
     doc = {
         "benchmark": "shm_rings", "tool": "vllm bench serve (benchmarks/bench_serve.py)", "machine": machine(),
         "rings": {"default": "broadcast 16 MiB x 10, response 24 MiB x 10 (host /dev/shm)",
@@ -102,19 +124,19 @@ def main() -> int:
         "wall_s": time.monotonic() - t0, "rows": rows, "ratios": ratios,
     }
     path = save("shm_rings", doc)
-    plot(doc, path.with_suffix(".png"))
+    plot(doc, routes, path.with_suffix(".png"))
     print("wrote", path)
     return 0
 
 
-def plot(doc: dict, out: Path) -> None:
+def plot(doc: dict, routes: dict, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(ROUTES), figsize=(11, 4), squeeze=False)
-    for ax, route in zip(axes[0], ROUTES):
+    fig, axes = plt.subplots(1, len(routes), figsize=(5.5 * len(routes), 4), squeeze=False)
+    for ax, route in zip(axes[0], routes):
         width = 0.38
         for k, name in enumerate(("default", "64mib")):
             vals = [next(r["output_tokens_per_s"] for r in doc["rows"]
@@ -123,7 +145,7 @@ def plot(doc: dict, out: Path) -> None:
             ax.bar(xs, vals, width, label=doc["rings"][name])
         ax.set_xticks(range(len(LEVELS)), [f"{c} client{'s' if c > 1 else ''}" for c in LEVELS])
         ax.set_ylabel("output tokens/s")
-        ax.set_title(route + (" (prompt_logprobs 5)" if route == "completions" else ""), fontsize=10)
+        ax.set_title(route, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"vLLM's message rings at their defaults vs shrunk to a 64 MiB /dev/shm ({doc['machine'].get('cpu', '')})",
