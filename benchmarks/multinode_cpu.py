@@ -19,10 +19,13 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.e2e.test_multinode import PROPS, group, kill_tree
 from tests.support.server import running_server
@@ -75,7 +78,37 @@ def main() -> None:
         worker.stop()
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    plot(result, OUT.with_suffix(".png"))
+
+
+def plot(result: dict, out: Path) -> None:
+    """Time to ready / to form, and tokens/s at 1 and 4 streams: one node against a group of two."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    one, two = result["one_node"], result["group_of_2"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    bars = left.bar(["one node\n(ready)", "group of 2\n(formed)"], [one["ready_s"], two["formed_s"]], color=["#4c72b0", "#dd8452"])
+    left.bar_label(bars, labels=[f"{one['ready_s']:.0f} s", f"{two['formed_s']:.0f} s"], fontsize=8)
+    left.set_ylabel("seconds to /ping 200")
+    width = 0.38
+    for k, (name, row, color) in enumerate((("one node", one, "#4c72b0"), ("group of 2", two, "#dd8452"))):
+        vals = [row["tokens_per_s_1_stream"], row["tokens_per_s_4_streams"]]
+        b = right.bar([i + (k - 0.5) * width for i in range(2)], vals, width, label=name, color=color)
+        right.bar_label(b, labels=[f"{v:.0f}" for v in vals], fontsize=8)
+    right.set_xticks(range(2), ["1 stream", "4 streams"])
+    right.set_ylabel("output tokens/s")
+    right.legend(fontsize=8)
+    fig.suptitle(f"{result['model']} on one host of {result['host']['cpus']} cores: both 'nodes' share them "
+                 f"(leader ended {two.get('leader_exit_after_worker_sigkill_s')} s after SIGKILL of its worker)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--plot"]:
+        plot(json.loads(OUT.read_text()), OUT.with_suffix(".png"))
+    else:
+        main()
