@@ -15,6 +15,7 @@ engine dies on the first request under pipeline parallelism (docs/multi-node.md,
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -56,9 +57,37 @@ def answers(base: str) -> dict:
     return out
 
 
+def master_port() -> int:
+    """A free port whose next port is free too: the group's membership port is master_port + 1."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            with socket.create_server(("0.0.0.0", port + 1)):
+                return port
+        except OSError:
+            continue
+    raise RuntimeError("no two free ports in a row")
+
+
+def wait_group(leader: ServerProcess, worker: ServerProcess, timeout_s: float = 900) -> None:
+    """Both /ping 200, failing at once (with both logs' tails) when either process ends first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for server in (leader, worker):
+            if server.proc.poll() is not None:
+                pytest.fail(f"{server.log_path.name} ended with {server.proc.returncode} before the group formed:\n"
+                            f"{leader.log_tail()}\n---\n{worker.log_tail()}")
+        if worker._ping() and leader._ping():
+            return
+        time.sleep(1)
+    pytest.fail(f"the group did not form within {timeout_s:.0f} s:\n{leader.log_tail()}\n---\n{worker.log_tail()}")
+
+
 def group(tmp: Path, name: str, props: dict[str, str], ranks=(0, 1)) -> list[ServerProcess]:
     model_dir = tmp / name
-    write_properties(model_dir, {**props, "option.master_port": str(free_port())})
+    # A group that cannot form ends within the test's time (the server's own bound, not pytest's).
+    props = {"option.model_loading_timeout": "600", **props}
+    write_properties(model_dir, {**props, "option.master_port": str(master_port())})
     env = {**server_env(), "LWS_GROUP_SIZE": "2", "LWS_LEADER_ADDRESS": "127.0.0.1"}
     return [ServerProcess(model_dir, model_dir / f"rank{r}.log", env={**env, "LWS_WORKER_INDEX": str(r)}).start()
             for r in ranks]
@@ -84,8 +113,7 @@ def test_two_node_group_answers_as_one_node_and_fails_as_a_group(one_node, tmp_p
     leader, worker = group(tmp_path, "g", PROPS)
     try:
         started = time.monotonic()
-        worker.wait_ready(900)
-        leader.wait_ready(900)
+        wait_group(leader, worker)
         formed_s = time.monotonic() - started
         assert 503 in worker.ping_history  # not ready before it joined the engine
         assert httpx.get(worker.base_url + "/live").status_code == 200
@@ -109,8 +137,7 @@ def test_tensor_parallel_2_across_two_nodes_answers_as_one_node(one_node, tmp_pa
     props = {**PROPS, "option.tensor_parallel_degree": "2", "option.pipeline_parallel_degree": "1"}
     leader, worker = group(tmp_path, "tp", props)
     try:
-        worker.wait_ready(900)
-        leader.wait_ready(900)
+        wait_group(leader, worker)
         assert answers(leader.base_url) == one_node
     finally:
         leader.stop()
