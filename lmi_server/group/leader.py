@@ -25,7 +25,12 @@ def watch_group(plan: Any, timeout_s: float, end=end_group) -> Roster:
     def lost(rank: int, why: str) -> None:
         end(f"group lost rank {rank} (the node with LWS_WORKER_INDEX={rank}): {why}")
 
-    roster = Roster(plan.size, plan.membership_port, lost)
+    try:
+        roster = Roster(plan.size, plan.membership_port, lost)
+    except OSError as exc:
+        end(f"the group's membership port {plan.membership_port} (option.master_port + 1) cannot be opened: "
+            f"{exc.strerror or exc}; choose another option.master_port")
+        raise
     deadline = time.monotonic() + timeout_s
 
     def wait_for_members() -> None:

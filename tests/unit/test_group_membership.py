@@ -90,6 +90,20 @@ def test_a_group_that_does_not_form_ends_naming_the_missing_rank():
         roster.close()
 
 
+def test_a_membership_port_taken_by_another_process_ends_the_leader_naming_it():
+    import socket
+
+    import pytest
+
+    ended: list[str] = []
+    plan = GroupPlan(size=2, rank=0, leader_address="127.0.0.1", master_port=free_port(), source="LWS_GROUP_SIZE")
+    with socket.create_server(("0.0.0.0", plan.membership_port)):
+        with pytest.raises(OSError):
+            watch_group(plan, 1.0, end=ended.append)
+    assert ended and f"membership port {plan.membership_port} (option.master_port + 1)" in ended[0]
+    assert "choose another option.master_port" in ended[0]
+
+
 def test_worker_ping_is_503_until_joined_and_live_is_200():
     status = _Status(1)
     port = free_port()
