@@ -84,6 +84,10 @@ def greedy(payload, **kwargs):
 '''
 LORA_PROPS = {"option.enable_lora": "true", "option.max_loras": "2", "option.max_lora_rank": "8"}
 LAST_MODULES = ("test_concurrent_fuzz.py",)
+# First of all e2e modules, before any session server is up: a two-node group and its one-node
+# reference hold three engines at once (in the suite's order they once met a dozen session servers
+# still up and the host ran out of memory).
+FIRST_MODULES = ("test_multinode.py",)
 # Tests (by module or by name) that run right after the module named (after its own followers,
 # when it is one itself): they end its shared server (tests/e2e/test_lifecycle.py: one engine
 # rebuild, then a death past the budget), change what that module expects fresh
@@ -133,6 +137,8 @@ def pytest_collection_modifyitems(config, items):
             return (2, i)
         if item.path.name in LAST_MODULES:
             return (1, i)
+        if item.path.name in FIRST_MODULES and item.path.parent == here:
+            return (-1, i)
         return (0, *place(i, item))
 
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]

@@ -25,7 +25,7 @@ import pytest
 
 from tests.support.server import DEMO_PROPS, ServerProcess, free_port, running_server, server_env, write_properties
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.alone]  # three engines at once: none started beside them
 
 PROPS = {**DEMO_PROPS, "option.enforce_eager": "false", "option.max_model_len": "1024", "option.cpu_kv_cache_space": "1"}
 PROMPTS = ["def main(", "import os\n", "class Config:"]
