@@ -65,11 +65,17 @@ def apply(env: MutableMapping[str, str] | None = None, *, root: Path | None = No
     return chosen
 
 
-def kv_cache_dir(env: MutableMapping[str, str] | None = None, *, root: Path | None = None) -> Path | None:
-    """/tmp/lmcache on SageMaker when /tmp is writable (created here), else None."""
+def _nvme_root(env: MutableMapping[str, str] | None, root: Path | None) -> Path | None:
+    """The instance volume's root on SageMaker when it is writable, else None."""
     env = os.environ if env is None else env
     root = NVME_ROOT if root is None else root
-    if not on_sagemaker(env) or not nvme_usable(root):
+    return root if on_sagemaker(env) and nvme_usable(root) else None
+
+
+def kv_cache_dir(env: MutableMapping[str, str] | None = None, *, root: Path | None = None) -> Path | None:
+    """/tmp/lmcache on SageMaker when /tmp is writable (created here), else None."""
+    root = _nvme_root(env, root)
+    if root is None:
         return None
     path = root / KV_CACHE_DIR.name
     try:
@@ -82,8 +88,5 @@ def kv_cache_dir(env: MutableMapping[str, str] | None = None, *, root: Path | No
 
 def download_dir(env: MutableMapping[str, str] | None = None, *, root: Path | None = None) -> Path | None:
     """/tmp/lmi_server/download on SageMaker when /tmp is writable, else None."""
-    env = os.environ if env is None else env
-    root = NVME_ROOT if root is None else root
-    if not on_sagemaker(env) or not nvme_usable(root):
-        return None
-    return root / DOWNLOAD_DIR.relative_to(NVME_ROOT)
+    root = _nvme_root(env, root)
+    return None if root is None else root / DOWNLOAD_DIR.relative_to(NVME_ROOT)
